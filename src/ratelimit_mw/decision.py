@@ -1,0 +1,67 @@
+"""What a storage answers: one decision per limit, and the verdict for the request."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .limit import Limit
+
+__all__ = ["NEVER", "Decision", "Verdict"]
+
+NEVER = math.inf
+"""``retry_after`` of a request whose cost is larger than the limit can ever admit."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One limit's answer for one request.
+
+    ``reset_after``: seconds until the quota is fully back. ``retry_after``: seconds
+    until this same request would be admitted (0 when allowed, ``NEVER`` when it
+    cannot ever be). Waiting exactly ``retry_after`` and trying again is admitted,
+    absent other traffic.
+    """
+
+    allowed: bool
+    limit: int
+    remaining: int
+    reset_after: float
+    retry_after: float
+    policy: Limit
+    scope: str = ""
+
+    @property
+    def never(self) -> bool:
+        """True when no amount of waiting admits this request."""
+        return self.retry_after == NEVER
+
+    def __str__(self) -> str:
+        verb = "allowed" if self.allowed else "denied"
+        return (f"{verb} by {self.policy}: {self.remaining}/{self.limit} left, "
+                f"reset in {self.reset_after:g}s, retry in {self.retry_after:g}s")
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """All the limits of one request, decided together: admitted only if all admit."""
+
+    allowed: bool
+    decisions: tuple[Decision, ...]
+
+    @property
+    def retry_after(self) -> float:
+        """Seconds until the request as a whole would be admitted (0 when allowed)."""
+        if self.allowed:
+            return 0.0
+        return max((d.retry_after for d in self.decisions if not d.allowed), default=0.0)
+
+    @property
+    def binding(self) -> Decision | None:
+        """The decision to report: the longest denial, else the one nearest exhaustion."""
+        if not self.decisions:
+            return None
+        if not self.allowed:
+            denied = [d for d in self.decisions if not d.allowed]
+            return max(denied, key=lambda d: (d.retry_after, -d.remaining))
+        return min(self.decisions, key=lambda d: (d.remaining, d.reset_after))

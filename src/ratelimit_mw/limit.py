@@ -1,0 +1,130 @@
+"""A limit (rate + algorithm) and a hit (one limit applied to one request, with a cost)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+from .errors import ConfigError
+from .rates import Rate, parse_rate, parse_rates
+
+__all__ = ["ALGORITHM_NAMES", "AlgorithmName", "Hit", "Limit", "limits_from"]
+
+AlgorithmName = Literal["fixed_window", "sliding_log", "sliding_window", "token_bucket", "gcra"]
+ALGORITHM_NAMES: tuple[AlgorithmName, ...] = get_args(AlgorithmName)
+_BURSTABLE = ("token_bucket", "gcra")
+_ALIASES: dict[str, AlgorithmName] = {
+    "fixed": "fixed_window",
+    "moving_window": "sliding_log",
+    "sliding_window_counter": "sliding_window",
+    "leaky_bucket": "gcra",
+}
+
+
+def _algorithm(name: str) -> AlgorithmName:
+    """Normalise an algorithm name (``-`` or ``_``, a few common aliases) or fail."""
+    normal = str(name).strip().lower().replace("-", "_")
+    normal = _ALIASES.get(normal, normal)
+    for known in ALGORITHM_NAMES:
+        if normal == known:
+            return known
+    msg = f"unknown algorithm {name!r}; expected one of {', '.join(ALGORITHM_NAMES)}"
+    raise ConfigError(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """How many requests a key may make, and which algorithm counts them.
+
+    ``burst`` applies to ``token_bucket`` and ``gcra`` only: how many requests may
+    arrive at once, while ``rate`` is the sustained pace (it defaults to the rate's
+    amount). ``name`` names the policy in headers.
+
+    >>> str(Limit(Rate(10, 60), "token_bucket", burst=20))
+    'token_bucket 10/minute burst 20'
+    """
+
+    rate: Rate
+    algorithm: AlgorithmName = "sliding_window"
+    burst: int | None = None
+    name: str = ""
+    capacity: int = field(init=False, repr=False, compare=False)
+    uid: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rate, Rate):
+            object.__setattr__(self, "rate", parse_rate(self.rate))
+        object.__setattr__(self, "algorithm", _algorithm(self.algorithm))
+        if self.burst is not None:
+            if self.algorithm not in _BURSTABLE:
+                msg = (f"burst={self.burst!r} only applies to token_bucket and gcra, "
+                       f"not {self.algorithm}")
+                raise ConfigError(msg)
+            if isinstance(self.burst, bool) or not isinstance(self.burst, int) or self.burst < 1:
+                msg = f"burst must be a positive integer, got {self.burst!r}"
+                raise ConfigError(msg)
+        capacity = self.burst if self.burst is not None else self.rate.amount
+        object.__setattr__(self, "capacity", capacity)
+        object.__setattr__(self, "name", str(self.name) or self._default_name())
+        # The storage identity of the counter: the shape, not the display name.
+        uid = f"{self.algorithm}:{self.rate.amount}:{self.rate.period_us}:{capacity}"
+        object.__setattr__(self, "uid", uid)
+
+    @classmethod
+    def parse(
+        cls, rate: str | Rate, algorithm: str = "sliding_window", *,
+        burst: int | None = None, name: str = "",
+    ) -> Limit:
+        """Build one limit from a rate string such as ``"10/minute"``."""
+        return cls(parse_rate(rate), _algorithm(algorithm), burst, name)
+
+    @property
+    def period(self) -> float:
+        """The window (or refill period) in seconds."""
+        return self.rate.period
+
+    def _default_name(self) -> str:
+        unit = str(self.rate).split("/", 1)[1].replace(" ", "")
+        return f"{self.rate.amount}-per-{unit}" if self.burst is None else (
+            f"{self.rate.amount}-per-{unit}-burst-{self.burst}")
+
+    def __str__(self) -> str:
+        text = f"{self.algorithm} {self.rate}"
+        return f"{text} burst {self.burst}" if self.burst is not None else text
+
+
+def limits_from(
+    value: str, algorithm: str = "sliding_window", *, burst: int | None = None,
+) -> list[Limit]:
+    """Build one limit per rate in ``"10/minute; 1000/day"``, all with one algorithm."""
+    return [Limit(rate, _algorithm(algorithm), burst) for rate in parse_rates(value)]
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """One limit applied to one request: ``cost`` units, in a ``scope`` (e.g. a route).
+
+    A cost of 0 looks at the limit without consuming anything.
+    """
+
+    limit: Limit
+    cost: int = 1
+    scope: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.limit, Limit):
+            msg = f"Hit needs a Limit, got {self.limit!r}"
+            raise ConfigError(msg)
+        if isinstance(self.cost, bool) or not isinstance(self.cost, int) or self.cost < 0:
+            msg = f"cost must be a whole number >= 0, got {self.cost!r}"
+            raise ConfigError(msg)
+        if not isinstance(self.scope, str):
+            msg = f"scope must be a string, got {self.scope!r}"
+            raise ConfigError(msg)
+
+    @property
+    def never(self) -> bool:
+        """True when the cost is larger than the limit can ever admit."""
+        return self.cost > self.limit.capacity
+
+

@@ -1,0 +1,29 @@
+-- units: time in microseconds, amounts in requests. Twin of algorithms/fixed_window.py.
+-- State: hash {w = window start, c = count}.
+ALGORITHMS.fixed_window = function(key, now, amount, period, capacity, cost)
+  local limit = amount
+  local start = now - imod(now, period)
+  local finish = start + period
+  local count = 0
+  local saved = redis.call("HMGET", key, "w", "c")
+  if saved[1] and tonumber(saved[1]) == start then
+    count = tonumber(saved[2])
+  end
+  local reset = 0
+  if count > 0 then reset = finish - now end
+  if cost > limit then
+    return false, limit - count, reset, NEVER
+  end
+  if count + cost > limit then
+    return false, limit - count, finish - now, finish - now
+  end
+  local used = count + cost
+  if used > 0 then reset = finish - now end
+  if cost == 0 then
+    return true, limit - used, reset, 0
+  end
+  return true, limit - used, reset, 0, function(ttl_ms)
+    redis.call("HSET", key, "w", fmt(start), "c", fmt(used))
+    redis.call("PEXPIRE", key, ttl_ms)
+  end
+end

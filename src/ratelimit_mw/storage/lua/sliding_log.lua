@@ -1,0 +1,34 @@
+-- units: time in microseconds, amounts in requests. Twin of algorithms/sliding_log.py.
+-- State: sorted set, one member per admitted unit, scored by its timestamp.
+ALGORITHMS.sliding_log = function(key, now, amount, period, capacity, cost)
+  local limit = amount
+  local after = "(" .. fmt(now - period)
+  local count = redis.call("ZCOUNT", key, after, "+inf")
+  local reset = 0
+  if count > 0 then
+    local newest = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")
+    reset = tonumber(newest[2]) + period - now
+  end
+  if cost > limit then
+    return false, limit - count, reset, NEVER
+  end
+  if count + cost > limit then
+    local nth = redis.call("ZRANGEBYSCORE", key, after, "+inf", "WITHSCORES",
+      "LIMIT", count + cost - limit - 1, 1)
+    return false, limit - count, reset, tonumber(nth[2]) + period - now
+  end
+  if cost == 0 then
+    return true, limit - count, reset, 0
+  end
+  return true, limit - count - cost, period, 0, function(ttl_ms)
+    redis.call("ZREMRANGEBYSCORE", key, "-inf", fmt(now - period))
+    local size = redis.call("ZCARD", key)
+    local args = {}
+    for i = 1, cost do
+      args[#args + 1] = fmt(now)
+      args[#args + 1] = fmt(now) .. ":" .. fmt(size + i)
+    end
+    redis.call("ZADD", key, unpack(args))
+    redis.call("PEXPIRE", key, ttl_ms)
+  end
+end

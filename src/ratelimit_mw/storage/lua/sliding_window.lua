@@ -1,0 +1,64 @@
+-- units: time in microseconds, amounts in requests. Twin of algorithms/sliding_window.py;
+-- the floating-point expressions keep the Python order of operations, bit for bit.
+-- State: hash {w = window start, c = current count, p = previous count}.
+local function swc_counts(saved, start, period)
+  local w = tonumber(saved[1])
+  if not w then return 0, 0 end
+  if w == start then return tonumber(saved[2]), tonumber(saved[3]) end
+  if w == start - period then return 0, tonumber(saved[2]) end
+  return 0, 0
+end
+
+local function swc_used(current, previous, elapsed, period)
+  return previous * ((period - elapsed) / period) + current
+end
+
+local function swc_admits(saved, t, limit, period, cost)
+  local start = t - imod(t, period)
+  local current, previous = swc_counts(saved, start, period)
+  return swc_used(current, previous, t - start, period) + cost <= limit
+end
+
+local function swc_retry_at(saved, now, limit, period, cost)
+  local start = now - imod(now, period)
+  local current, previous = swc_counts(saved, start, period)
+  local t
+  if current + cost <= limit then
+    t = start + math.ceil(period - (limit - current - cost) / previous * period)
+  else
+    t = start + period + math.ceil(period - (limit - cost) / current * period)
+  end
+  t = math.max(t, now + 1)
+  while not swc_admits(saved, t, limit, period, cost) do
+    t = t + 1
+  end
+  return t
+end
+
+ALGORITHMS.sliding_window = function(key, now, amount, period, capacity, cost)
+  local limit = amount
+  local saved = redis.call("HMGET", key, "w", "c", "p")
+  local start = now - imod(now, period)
+  local current, previous = swc_counts(saved, start, period)
+  local used = swc_used(current, previous, now - start, period)
+  local reset = 0
+  if current > 0 then
+    reset = start + 2 * period - now
+  elseif previous > 0 then
+    reset = start + period - now
+  end
+  if cost > limit then
+    return false, math.floor(limit - used), reset, NEVER
+  end
+  if used + cost > limit then
+    return false, math.floor(limit - used), reset,
+      swc_retry_at(saved, now, limit, period, cost) - now
+  end
+  if cost == 0 then
+    return true, math.floor(limit - used), reset, 0
+  end
+  return true, math.floor(limit - used - cost), start + 2 * period - now, 0, function(ttl_ms)
+    redis.call("HSET", key, "w", fmt(start), "c", fmt(current + cost), "p", fmt(previous))
+    redis.call("PEXPIRE", key, ttl_ms)
+  end
+end

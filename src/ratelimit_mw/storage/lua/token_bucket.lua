@@ -1,0 +1,41 @@
+-- units: time in microseconds, tokens in requests. Twin of algorithms/token_bucket.py;
+-- the floating-point expressions keep the Python order of operations, bit for bit.
+-- State: hash {t = tokens (a float, stored with 17 significant digits), l = last refill}.
+local function tb_available(tokens, last, t, capacity, rate)
+  if not tokens then return capacity end
+  return math.min(capacity, tokens + math.max(0, t - last) * rate)
+end
+
+local function tb_first(tokens, last, t, want, capacity, rate)
+  while tb_available(tokens, last, t, capacity, rate) < want do
+    t = t + 1
+  end
+  return t
+end
+
+ALGORITHMS.token_bucket = function(key, now, amount, period, capacity, cost)
+  local rate = amount / period
+  local saved = redis.call("HMGET", key, "t", "l")
+  local stored, last = tonumber(saved[1]), tonumber(saved[2])
+  local tokens = tb_available(stored, last, now, capacity, rate)
+  local reset = tb_first(stored, last, now + math.ceil((capacity - tokens) / rate),
+    capacity, capacity, rate) - now
+  if cost > capacity then
+    return false, math.floor(tokens), reset, NEVER
+  end
+  if tokens < cost then
+    local retry = tb_first(stored, last, now + math.ceil((cost - tokens) / rate),
+      cost, capacity, rate) - now
+    return false, math.floor(tokens), reset, retry
+  end
+  if cost == 0 then
+    return true, math.floor(tokens), reset, 0
+  end
+  local left = tokens - cost
+  reset = tb_first(left, now, now + math.ceil((capacity - left) / rate),
+    capacity, capacity, rate) - now
+  return true, math.floor(left), reset, 0, function(ttl_ms)
+    redis.call("HSET", key, "t", string.format("%.17g", left), "l", fmt(now))
+    redis.call("PEXPIRE", key, ttl_ms)
+  end
+end

@@ -1,0 +1,131 @@
+"""Redis storage: one EVALSHA per request, decided on the Redis server's clock."""
+
+from __future__ import annotations
+
+import asyncio
+
+from collections.abc import Callable, Sequence
+from importlib.resources import files
+from typing import Any
+
+from redis import exceptions as redis_errors
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+
+from ..decision import Verdict
+from ..errors import StorageError
+from ..limit import ALGORITHM_NAMES, Hit
+from .base import Storage, decision_from, merge_hits
+from .keys import check_prefix, encode_part, redis_key
+
+__all__ = ["RedisStorage", "decide_script_source"]
+
+_FAILURES = (redis_errors.RedisError, OSError, asyncio.TimeoutError)
+
+
+def decide_script_source() -> str:
+    """The decision script: the prelude, one file per algorithm, then the driver."""
+    lua = files("ratelimit_mw.storage") / "lua"
+    parts = ["prelude", *ALGORITHM_NAMES, "decide"]
+    return "\n".join((lua / f"{name}.lua").read_text(encoding="utf-8") for name in parts)
+
+
+class RedisStorage(Storage):
+    """Counters in Redis, shared by every process that uses the same server.
+
+    Each decision is one ``EVALSHA`` (reloaded on ``NOSCRIPT``), whatever the number
+    of limits; time comes from Redis's ``TIME``, so app servers with skewed clocks
+    agree. All keys of one identity share a hash slot, so it runs on Redis Cluster.
+    Errors are raised as ``StorageError``; what to do then is the caller's policy.
+    """
+
+    __slots__ = ("_client", "_clock", "_owns_client", "_script", "prefix")
+
+    def __init__(
+        self,
+        client: Redis | Any,
+        *,
+        prefix: str = "ratelimit:",
+        clock: Callable[[], float] | None = None,
+        owns_client: bool = False,
+    ) -> None:
+        self.prefix = check_prefix(prefix)
+        self._client = client
+        self._owns_client = owns_client
+        # Tests only: decide on this clock instead of Redis's TIME, so that the
+        # differential tests can drive memory and Redis on the same simulated time.
+        self._clock = clock
+        self._script: AsyncScript = client.register_script(decide_script_source())
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, prefix: str = "ratelimit:", timeout: float | None = None,
+        **options: Any,
+    ) -> RedisStorage:
+        """Connect lazily to ``redis://`` or ``rediss://``; ``timeout`` bounds each call."""
+        if timeout is not None:
+            options.setdefault("socket_timeout", timeout)
+            options.setdefault("socket_connect_timeout", timeout)
+        client = Redis.from_url(url, **options)
+        return cls(client, prefix=prefix, owns_client=True)
+
+    @property
+    def client(self) -> Redis:
+        """The underlying ``redis.asyncio`` client."""
+        return self._client  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        return f"RedisStorage(prefix={self.prefix!r}, client={self._client!r})"
+
+    async def decide(self, key: str, hits: Sequence[Hit]) -> Verdict:
+        hits = merge_hits(hits)
+        if not hits:
+            return Verdict(True, ())
+        keys = []
+        args: list[str | int] = ["" if self._clock is None else round(self._clock() * 1_000_000)]
+        for hit in hits:
+            limit = hit.limit
+            keys.append(redis_key(self.prefix, key, hit.scope, limit.uid))
+            args += (limit.algorithm, limit.rate.amount, limit.rate.period_us, limit.capacity,
+                     hit.cost)
+        try:
+            reply = await self._script(keys=keys, args=args)
+        except _FAILURES as exc:
+            msg = f"redis could not decide for {len(hits)} limit(s): {exc}"
+            raise StorageError(msg) from exc
+        return Verdict(bool(reply[0]), tuple(
+            decision_from(hit, bool(reply[i]), reply[i + 1], reply[i + 2], reply[i + 3])
+            for hit, i in zip(hits, range(1, len(reply), 4), strict=True)
+        ))
+
+    async def reset(self, key: str) -> None:
+        pattern = _glob_escape(f"{self.prefix}{{{encode_part(key)}}}:") + "*"
+        try:
+            batch: list[Any] = []
+            async for name in self._client.scan_iter(match=pattern, count=500):
+                batch.append(name)
+                if len(batch) >= 500:
+                    await self._client.unlink(*batch)
+                    batch.clear()
+            if batch:
+                await self._client.unlink(*batch)
+        except _FAILURES as exc:
+            msg = f"redis could not reset {key!r}: {exc}"
+            raise StorageError(msg) from exc
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._client.ping())
+        except _FAILURES:
+            return False
+
+    async def close(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+
+def _glob_escape(text: str) -> str:
+    """Escape the characters that SCAN MATCH treats as a pattern."""
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
+
+
