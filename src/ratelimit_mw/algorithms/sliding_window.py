@@ -49,7 +49,10 @@ def _retry_at(state: State | None, now: int, limit: int, period: int, cost: int)
     else:
         # This window's count becomes the previous one's; wait for its weight to fall.
         t = start + period + math.ceil(period - (limit - cost) / current * period)
+    # The guess comes from float division and may be a microsecond off either way.
     t = max(t, now + 1)
+    while t - 1 > now and _admits(state, t - 1, limit, period, cost):
+        t -= 1
     while not _admits(state, t, limit, period, cost):
         t += 1
     return t

@@ -21,8 +21,16 @@ def _available(state: State | None, t: int, capacity: int, rate: float) -> float
     return min(float(capacity), tokens + max(0, t - last) * rate)
 
 
-def _first(state: State | None, t: int, want: float, capacity: int, rate: float) -> int:
-    """The first microsecond from ``t`` on at which the bucket holds ``want`` tokens."""
+def _first(
+    state: State | None, low: int, t: int, want: float, capacity: int, rate: float,
+) -> int:
+    """The first microsecond from ``low`` on at which the bucket holds ``want`` tokens.
+
+    ``t`` is a guess from float division, which may be a microsecond off either way.
+    """
+    t = max(t, low)
+    while t > low and _available(state, t - 1, capacity, rate) >= want:
+        t -= 1
     while _available(state, t, capacity, rate) < want:
         t += 1
     return t
@@ -34,17 +42,17 @@ def decide(
     """Take ``cost`` tokens if the bucket holds that many."""
     rate = amount / period
     tokens = _available(state, now, capacity, rate)
-    reset = _first(state, now + math.ceil((capacity - tokens) / rate), capacity, capacity,
+    reset = _first(state, now, now + math.ceil((capacity - tokens) / rate), capacity, capacity,
                    rate) - now
     if cost > capacity:
         return Step(False, math.floor(tokens), reset, NEVER_US, state)
     if tokens < cost:
-        retry = _first(state, now + math.ceil((cost - tokens) / rate), cost, capacity, rate) - now
+        retry = _first(state, now + 1, now + math.ceil((cost - tokens) / rate), cost, capacity, rate) - now
         return Step(False, math.floor(tokens), reset, retry, state)
     if not cost:
         return Step(True, math.floor(tokens), reset, 0, state)
     left = tokens - cost
     new_state = (left, now)
-    reset = _first(new_state, now + math.ceil((capacity - left) / rate), capacity, capacity,
+    reset = _first(new_state, now, now + math.ceil((capacity - left) / rate), capacity, capacity,
                    rate) - now
     return Step(True, math.floor(left), reset, 0, new_state)

@@ -28,7 +28,7 @@ def full_jitter(
     # Compare exponents rather than computing 2**attempt, which overflows floats.
     if base <= 0 or cap <= 0:
         ceiling = 0.0
-    elif attempt >= math.log2(cap / base):
+    elif attempt >= math.log2(cap) - math.log2(base):
         ceiling = cap
     else:
         ceiling = min(cap, math.ldexp(base, attempt))

@@ -66,13 +66,11 @@ def parse_http_date(value: str, *, now: float) -> float | None:
         year += this_year - this_year % 100
         if year > this_year + 50:
             year -= 100
-    day, hour, minute, second = (
-        int(match[name]) for name in ("day", "hour", "minute", "second")
-    )
+    day, hour, minute, second = (int(match[name]) for name in ("day", "hour", "minute", "second"))
     month = _MONTHS[match["month"]]
     # 60 is a leap second; anything else out of range is not a date.
     if not (
-        1 <= year
+        year >= 1
         and 1 <= day <= calendar.monthrange(year, month)[1]
         and hour <= 23
         and minute <= 59

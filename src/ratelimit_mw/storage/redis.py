@@ -60,14 +60,17 @@ class RedisStorage(Storage):
     @classmethod
     def from_url(
         cls, url: str, *, prefix: str = "ratelimit:", timeout: float | None = None,
-        **options: Any,
+        clock: Callable[[], float] | None = None, **options: Any,
     ) -> RedisStorage:
-        """Connect lazily to ``redis://`` or ``rediss://``; ``timeout`` bounds each call."""
+        """Connect lazily to ``redis://`` or ``rediss://``; ``timeout`` bounds each call.
+
+        ``clock`` is for tests only (see ``__init__``); other options go to redis-py.
+        """
         if timeout is not None:
             options.setdefault("socket_timeout", timeout)
             options.setdefault("socket_connect_timeout", timeout)
         client = Redis.from_url(url, **options)
-        return cls(client, prefix=prefix, owns_client=True)
+        return cls(client, prefix=prefix, clock=clock, owns_client=True)
 
     @property
     def client(self) -> Redis:

@@ -29,6 +29,9 @@ local function swc_retry_at(saved, now, limit, period, cost)
     t = start + period + math.ceil(period - (limit - cost) / current * period)
   end
   t = math.max(t, now + 1)
+  while t - 1 > now and swc_admits(saved, t - 1, limit, period, cost) do
+    t = t - 1
+  end
   while not swc_admits(saved, t, limit, period, cost) do
     t = t + 1
   end

@@ -6,7 +6,11 @@ local function tb_available(tokens, last, t, capacity, rate)
   return math.min(capacity, tokens + math.max(0, t - last) * rate)
 end
 
-local function tb_first(tokens, last, t, want, capacity, rate)
+local function tb_first(tokens, last, low, t, want, capacity, rate)
+  t = math.max(t, low)
+  while t > low and tb_available(tokens, last, t - 1, capacity, rate) >= want do
+    t = t - 1
+  end
   while tb_available(tokens, last, t, capacity, rate) < want do
     t = t + 1
   end
@@ -18,13 +22,13 @@ ALGORITHMS.token_bucket = function(key, now, amount, period, capacity, cost)
   local saved = redis.call("HMGET", key, "t", "l")
   local stored, last = tonumber(saved[1]), tonumber(saved[2])
   local tokens = tb_available(stored, last, now, capacity, rate)
-  local reset = tb_first(stored, last, now + math.ceil((capacity - tokens) / rate),
+  local reset = tb_first(stored, last, now, now + math.ceil((capacity - tokens) / rate),
     capacity, capacity, rate) - now
   if cost > capacity then
     return false, math.floor(tokens), reset, NEVER
   end
   if tokens < cost then
-    local retry = tb_first(stored, last, now + math.ceil((cost - tokens) / rate),
+    local retry = tb_first(stored, last, now + 1, now + math.ceil((cost - tokens) / rate),
       cost, capacity, rate) - now
     return false, math.floor(tokens), reset, retry
   end
@@ -32,7 +36,7 @@ ALGORITHMS.token_bucket = function(key, now, amount, period, capacity, cost)
     return true, math.floor(tokens), reset, 0
   end
   local left = tokens - cost
-  reset = tb_first(left, now, now + math.ceil((capacity - left) / rate),
+  reset = tb_first(left, now, now, now + math.ceil((capacity - left) / rate),
     capacity, capacity, rate) - now
   return true, math.floor(left), reset, 0, function(ttl_ms)
     redis.call("HSET", key, "t", string.format("%.17g", left), "l", fmt(now))

@@ -1,0 +1,12 @@
+"""A circuit breaker for async calls: closed, open and half-open, after resilience4j.
+
+Use it around a flaky dependency (``await breaker.call(fn)``, ``@breaker``,
+``async with breaker:``) or, without wrapping a function, through
+``breaker.try_acquire()`` and the `Permit` it returns.
+"""
+
+from ._breaker import CircuitBreaker
+from ._permit import Permit
+from ._state import CircuitOpenError, CircuitState
+
+__all__ = ["CircuitBreaker", "CircuitOpenError", "CircuitState", "Permit"]

@@ -1,0 +1,34 @@
+"""The states of a circuit breaker and the error it raises when it refuses a call."""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["CircuitOpenError", "CircuitState"]
+
+
+class CircuitState(enum.StrEnum):
+    """Where a breaker stands; the value is what logs and ``repr`` print."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class CircuitOpenError(Exception):
+    """The breaker refused a call without making it; ``remaining`` is the cooldown left."""
+
+    def __init__(
+        self, remaining: float, name: str = "circuit", state: CircuitState = CircuitState.OPEN
+    ) -> None:
+        self.remaining = remaining
+        self.name = name
+        self.state = state
+        if state is CircuitState.OPEN:
+            msg = f"circuit {name!r} is open; calls are refused for another {remaining:.1f}s"
+        else:
+            msg = f"circuit {name!r} is half-open and every trial call slot is taken; retry soon"
+        super().__init__(msg)
+
+    def __reduce__(self) -> tuple[type[CircuitOpenError], tuple[float, str, CircuitState]]:
+        return type(self), (self.remaining, self.name, self.state)

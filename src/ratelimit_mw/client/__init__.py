@@ -1,0 +1,61 @@
+"""Polite clients for rate-limited HTTP APIs: a retrying httpx transport and a token bucket.
+
+Needs only httpx; nothing here imports the server side of ratelimit_mw.
+
+>>> from ratelimit_mw.client import RetryPolicy, RetryTransport, TokenBucket
+>>> transport = RetryTransport(
+...     policy=RetryPolicy(max_retries=5, max_time=30.0, add_idempotency_key=True),
+...     limiter=TokenBucket(rate=10, capacity=20),  # at most 10 requests a second, bursts of 20
+... )
+
+Then ``httpx.AsyncClient(transport=transport)`` or ``httpx.Client(transport=transport)``;
+``set_testing(True)`` in a test suite makes every wait instant.
+"""
+
+from __future__ import annotations
+
+from ._backoff import full_jitter
+from ._bucket import TokenBucket
+from ._budget import RetryBudget
+from ._errors import GiveUpReason, RetriesExhausted
+from ._functions import arequest, request
+from ._hints import (
+    DEFAULT_HINTS,
+    HintParser,
+    Quota,
+    duration_hint,
+    github_reset_hint,
+    ratelimit_header_hint,
+    read_quota,
+    retry_after_hint,
+)
+from ._policy import RETRY_METHODS, RETRY_STATUSES, RetryPolicy
+from ._retry_after import parse_retry_after
+from ._testing import is_testing, set_testing
+from ._transport import RETRY_ERRORS, RetryTransport
+
+__all__ = [
+    "DEFAULT_HINTS",
+    "RETRY_ERRORS",
+    "RETRY_METHODS",
+    "RETRY_STATUSES",
+    "GiveUpReason",
+    "HintParser",
+    "Quota",
+    "RetriesExhausted",
+    "RetryBudget",
+    "RetryPolicy",
+    "RetryTransport",
+    "TokenBucket",
+    "arequest",
+    "duration_hint",
+    "full_jitter",
+    "github_reset_hint",
+    "is_testing",
+    "parse_retry_after",
+    "ratelimit_header_hint",
+    "read_quota",
+    "request",
+    "retry_after_hint",
+    "set_testing",
+]

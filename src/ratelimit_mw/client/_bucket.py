@@ -1,0 +1,236 @@
+"""A client-side token bucket: FIFO-fair, cancellation-safe, for async tasks and threads."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+import threading
+import time
+from collections.abc import Awaitable, Callable
+
+from ._testing import is_testing
+
+__all__ = ["TokenBucket"]
+
+# Float refills land a hair below whole numbers; do not sleep a nanosecond for that.
+_EPSILON = 1e-9
+
+
+class _Waiter:
+    """One caller in the queue: how many tokens it wants and how to tell it its turn came."""
+
+    __slots__ = ("n", "wake")
+
+    def __init__(self, n: float, wake: Callable[[], object]) -> None:
+        self.n = n
+        self.wake = wake
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    """Mark an async waiter's turn, unless it was cancelled meanwhile."""
+    if not future.done():
+        future.set_result(None)
+
+
+class TokenBucket:
+    """Hold ``capacity`` tokens, refilled at ``rate`` per second; callers wait for theirs.
+
+    Waiters are served first come, first served: a large request at the head
+    is not overtaken by later small ones. A waiter that is cancelled leaves
+    the queue without taking tokens and the next one moves up. Share one
+    bucket among tasks (``await acquire(n)``) or threads (``acquire_sync(n)``),
+    or give it to :class:`RetryTransport` to limit every attempt up front.
+
+    With ``adaptive=True``, :meth:`update` (called by the transport with the
+    quota headers the server sends) lowers the tokens to the server's count
+    and, when the server says none are left, pauses until its reset.
+
+    ``clock`` (monotonic seconds), ``sleep`` and ``sleep_sync`` are injectable
+    so tests can move a fake clock instead of sleeping.
+
+    >>> import asyncio, httpx
+    >>> bucket = TokenBucket(rate=5.0, capacity=10)  # 5 requests a second, bursts of 10
+    >>> async def call_api(client: httpx.AsyncClient, url: str) -> httpx.Response:
+    ...     await bucket.acquire()  # waits its turn once the burst is spent
+    ...     return await client.get(url)
+    >>> asyncio.run(bucket.acquire(3))
+    >>> round(bucket.tokens)
+    7
+    """
+
+    __slots__ = (
+        "_clock",
+        "_last",
+        "_lock",
+        "_paused_until",
+        "_sleep",
+        "_sleep_sync",
+        "_tokens",
+        "_waiters",
+        "adaptive",
+        "capacity",
+        "rate",
+    )
+
+    def __init__(
+        self,
+        rate: float,
+        capacity: float,
+        *,
+        adaptive: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        sleep_sync: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if not (0 < rate < math.inf):
+            msg = f"rate must be a finite number of tokens per second > 0, got {rate!r}"
+            raise ValueError(msg)
+        if not (0 < capacity < math.inf):
+            msg = f"capacity must be a finite number > 0, got {capacity!r}"
+            raise ValueError(msg)
+        self.rate = float(rate)
+        self.capacity = float(capacity)
+        self.adaptive = adaptive
+        self._clock = clock
+        self._sleep = sleep
+        self._sleep_sync = sleep_sync
+        self._tokens = self.capacity
+        self._last = clock()
+        self._paused_until = -math.inf
+        self._waiters: collections.deque[_Waiter] = collections.deque()
+        # Guards the arithmetic only, never held across a wait, so threads and
+        # the event loop can share one bucket.
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return (
+            f"TokenBucket(rate={self.rate:g}/s, capacity={self.capacity:g}, "
+            f"tokens={self.tokens:.3g}, waiting={len(self._waiters)})"
+        )
+
+    @property
+    def tokens(self) -> float:
+        """Tokens available now (not counting what queued waiters will take)."""
+        with self._lock:
+            self._refill(self._clock())
+            return self._tokens
+
+    @property
+    def waiting(self) -> int:
+        """Number of callers queued."""
+        return len(self._waiters)
+
+    async def acquire(self, n: float = 1) -> None:
+        """Wait until ``n`` tokens are available and take them, in arrival order."""
+        self._check(n)
+        if is_testing():
+            return
+        loop = asyncio.get_running_loop()
+        turn: asyncio.Future[None] = loop.create_future()
+        waiter = _Waiter(n, lambda: loop.call_soon_threadsafe(_resolve, turn))
+        granted = False
+        self._enqueue(waiter)
+        try:
+            while (wait := self._try_take(waiter)) > 0:
+                if wait == math.inf:
+                    await turn
+                else:
+                    await self._sleep(wait)
+            granted = True
+        finally:
+            if not granted:
+                self._leave(waiter)
+
+    def acquire_sync(self, n: float = 1) -> None:
+        """Block the calling thread until ``n`` tokens are available and take them."""
+        self._check(n)
+        if is_testing():
+            return
+        turn = threading.Event()
+        waiter = _Waiter(n, turn.set)
+        granted = False
+        self._enqueue(waiter)
+        try:
+            while (wait := self._try_take(waiter)) > 0:
+                if wait == math.inf:
+                    turn.wait()
+                else:
+                    self._sleep_sync(wait)
+            granted = True
+        finally:
+            if not granted:
+                self._leave(waiter)
+
+    def update(self, remaining: int | None, reset_after: float | None = None) -> None:
+        """Follow the server (if ``adaptive``): at most ``remaining`` tokens, none until reset.
+
+        ``remaining`` is the server's count of requests left, ``reset_after``
+        the seconds until its quota restores; a pause only starts when
+        ``remaining`` is 0. A non-adaptive bucket ignores this.
+        """
+        if not self.adaptive:
+            return
+        with self._lock:
+            now = self._clock()
+            self._refill(now)
+            if remaining is not None:
+                self._tokens = min(self._tokens, float(remaining))
+                if remaining == 0 and reset_after is not None:
+                    self._paused_until = max(self._paused_until, now + reset_after)
+                    self._last = max(self._last, now)
+
+    def _check(self, n: float) -> None:
+        """Reject requests that could never be served."""
+        if not (0 < n <= self.capacity):
+            msg = (
+                f"cannot acquire {n!r} tokens from a bucket of capacity {self.capacity:g}; "
+                f"ask for more than 0 and at most the capacity"
+            )
+            raise ValueError(msg)
+
+    def _enqueue(self, waiter: _Waiter) -> None:
+        """Join the end of the queue."""
+        with self._lock:
+            self._waiters.append(waiter)
+
+    def _try_take(self, waiter: _Waiter) -> float:
+        """Take the tokens if ``waiter`` is first and they are there (0), else how long to wait.
+
+        ``math.inf`` means "until woken": someone else is ahead.
+        """
+        with self._lock:
+            if self._waiters[0] is not waiter:
+                return math.inf
+            now = self._clock()
+            self._refill(now)
+            pause = max(0.0, self._paused_until - now)
+            missing = waiter.n - self._tokens
+            if pause > 0 or missing > _EPSILON:
+                return pause + max(0.0, missing) / self.rate
+            self._tokens = max(0.0, self._tokens - waiter.n)
+            self._waiters.popleft()
+            self._wake_head()
+            return 0.0
+
+    def _leave(self, waiter: _Waiter) -> None:
+        """Drop a waiter that gave up; if it was first, let the next one try."""
+        with self._lock:
+            if waiter not in self._waiters:
+                return
+            was_head = self._waiters[0] is waiter
+            self._waiters.remove(waiter)
+            if was_head:
+                self._wake_head()
+
+    def _wake_head(self) -> None:
+        """Tell the first waiter it is its turn."""
+        if self._waiters:
+            self._waiters[0].wake()
+
+    def _refill(self, now: float) -> None:
+        """Add the tokens earned since the last refill; none accrue during a pause."""
+        start = max(self._last, self._paused_until)
+        if now > start:
+            self._tokens = min(self.capacity, self._tokens + (now - start) * self.rate)
+        self._last = max(self._last, now)

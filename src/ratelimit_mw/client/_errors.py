@@ -1,0 +1,33 @@
+"""The error raised when retrying gives up and the caller asked to be told."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import httpx
+
+__all__ = ["GiveUpReason", "RetriesExhausted"]
+
+GiveUpReason = Literal["max_retries", "max_time", "retry_budget", "not_replayable"]
+
+
+class RetriesExhausted(httpx.HTTPError):
+    """A retryable response was the last one: retries ran out, or the next wait would not fit.
+
+    Raised only with ``RetryPolicy(raise_on_give_up=True)``; otherwise that last
+    response is returned. ``response`` is closed but its status and headers
+    are there; ``reason`` says why no retry followed.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        request: httpx.Request,
+        response: httpx.Response,
+        reason: GiveUpReason,
+    ) -> None:
+        super().__init__(message)
+        self.request = request
+        self.response = response
+        self.reason: GiveUpReason = reason

@@ -1,0 +1,93 @@
+"""Retry settings: one frozen value, overridable per request through ``extensions``."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from ._hints import DEFAULT_HINTS, HintParser
+
+__all__ = ["RETRY_METHODS", "RETRY_STATUSES", "RetryPolicy"]
+
+RETRY_STATUSES: frozenset[int] = frozenset({408, 429, 500, 502, 503, 504})
+"""Statuses worth another attempt; every other status is returned as is."""
+
+RETRY_METHODS: frozenset[str] = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+"""Methods safe to replay; others need an ``Idempotency-Key`` header."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RetryPolicy:
+    """How a request is retried. Every field can be overridden for one request.
+
+    >>> import httpx
+    >>> once = {"retry": {"max_retries": 0}}
+    >>> request = httpx.Request("GET", "https://example.org", extensions=once)
+    >>> RetryPolicy().for_request(request).max_retries
+    0
+    """
+
+    max_retries: int = 3
+    """Retries after the first attempt; 0 disables retrying."""
+    max_time: float | None = 60.0
+    """Total seconds from the first attempt; a wait that would end later is not started."""
+    backoff_base: float = 0.5
+    """Upper bound of the first jittered wait, doubled on each retry."""
+    backoff_cap: float = 30.0
+    """Largest jittered wait; server hints are never capped."""
+    retry_statuses: frozenset[int] = RETRY_STATUSES
+    retry_methods: frozenset[str] = RETRY_METHODS
+    add_idempotency_key: bool = False
+    """Give POST and PATCH (any method not in ``retry_methods``) an ``Idempotency-Key``."""
+    buffer_body: bool = False
+    """Read a streamed request body into memory first so it can be replayed."""
+    raise_on_give_up: bool = False
+    """Raise :class:`RetriesExhausted` instead of returning the last retryable response."""
+    hints: tuple[HintParser, ...] = DEFAULT_HINTS
+    """Parsers of server wait hints, tried in order; the first answer wins."""
+
+    def __post_init__(self) -> None:
+        """Check the numbers once, at construction."""
+        if self.max_retries < 0:
+            msg = f"max_retries must be >= 0, got {self.max_retries}"
+            raise ValueError(msg)
+        if self.max_time is not None and not (self.max_time >= 0 and math.isfinite(self.max_time)):
+            msg = f"max_time must be a finite number >= 0 or None, got {self.max_time!r}"
+            raise ValueError(msg)
+        for name in ("backoff_base", "backoff_cap"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                msg = f"{name} must be a finite number >= 0, got {value!r}"
+                raise ValueError(msg)
+        # Accept any iterable of strings or ints, stored normalised.
+        object.__setattr__(self, "retry_statuses", frozenset(self.retry_statuses))
+        object.__setattr__(self, "retry_methods", frozenset(m.upper() for m in self.retry_methods))
+        object.__setattr__(self, "hints", tuple(self.hints))
+
+    def replace(self, overrides: Mapping[str, Any]) -> RetryPolicy:
+        """Return a copy with some fields changed; unknown names raise ``TypeError``."""
+        unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            known = ", ".join(f.name for f in dataclasses.fields(self))
+            msg = f"unknown retry setting(s) {', '.join(unknown)}; expected some of: {known}"
+            raise TypeError(msg)
+        return dataclasses.replace(self, **overrides)
+
+    def for_request(self, request: httpx.Request) -> RetryPolicy:
+        """Apply ``request.extensions["retry"]``: a :class:`RetryPolicy` or a dict of overrides."""
+        override = request.extensions.get("retry")
+        if override is None:
+            return self
+        if isinstance(override, RetryPolicy):
+            return override
+        if isinstance(override, Mapping):
+            return self.replace(override)
+        msg = (
+            f"extensions['retry'] must be a RetryPolicy or a dict of overrides, "
+            f"got {type(override).__name__}"
+        )
+        raise TypeError(msg)

@@ -1,0 +1,328 @@
+"""The retrying transport: wraps any httpx transport, sync or async."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random as _random
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import httpx
+
+from ._backoff import full_jitter
+from ._bucket import TokenBucket
+from ._budget import RetryBudget
+from ._errors import GiveUpReason, RetriesExhausted
+from ._hints import read_quota
+from ._policy import RetryPolicy
+from ._testing import is_testing
+
+__all__ = ["RETRY_ERRORS", "RetryTransport"]
+
+logger = logging.getLogger("ratelimit_mw.client")
+
+RETRY_ERRORS: tuple[type[httpx.TransportError], ...] = (
+    httpx.TimeoutException,
+    httpx.NetworkError,
+    httpx.RemoteProtocolError,
+)
+"""Connection and timeout errors worth another attempt (for a replayable request)."""
+
+
+class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
+    """An httpx transport that retries rate-limited and failed attempts, then returns.
+
+    It wraps ``transport`` (by default ``httpx.HTTPTransport()`` for a
+    ``Client`` and ``httpx.AsyncHTTPTransport()`` for an ``AsyncClient``),
+    retries 408, 429, 500, 502, 503, 504 and connection or timeout errors,
+    waits what the server asks (``Retry-After``, then quota reset headers) or
+    else a jittered exponential backoff, and stops at ``max_retries`` or as
+    soon as the next wait would overrun ``max_time``. Only methods safe to
+    replay are retried; POST and PATCH need an ``Idempotency-Key`` header.
+
+    Settings come from ``policy`` and can be overridden per request with
+    ``extensions={"retry": {...}}``. ``retry_budget`` and ``limiter`` are
+    shared across calls; ``clock``, ``wall_clock``, the sleeps and ``random``
+    are injectable for tests.
+
+    >>> import asyncio
+    >>> replies = iter([httpx.Response(429, headers={"Retry-After": "0"}), httpx.Response(200)])
+    >>> api = httpx.MockTransport(lambda request: next(replies))  # leave out to use the network
+    >>> async def main() -> int:
+    ...     async with httpx.AsyncClient(transport=RetryTransport(api)) as client:
+    ...         response = await client.get("https://api.example.org/items")
+    ...     return response.status_code
+    >>> asyncio.run(main())
+    200
+
+    One request with other settings:
+    ``client.post(url, json=order, extensions={"retry": {"add_idempotency_key": True}})``.
+    """
+
+    def __init__(
+        self,
+        transport: httpx.BaseTransport | httpx.AsyncBaseTransport | None = None,
+        *,
+        policy: RetryPolicy | None = None,
+        retry_budget: RetryBudget | None = None,
+        limiter: TokenBucket | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        async_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        random: Callable[[], float] = _random.random,
+    ) -> None:
+        self.policy = policy if policy is not None else RetryPolicy()
+        self.retry_budget = retry_budget
+        self.limiter = limiter
+        self._given = transport
+        self._sync: httpx.BaseTransport | None = None
+        self._async: httpx.AsyncBaseTransport | None = None
+        if transport is not None:
+            self._sync = transport if isinstance(transport, httpx.BaseTransport) else None
+            self._async = transport if isinstance(transport, httpx.AsyncBaseTransport) else None
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._sleep = sleep
+        self._async_sleep = async_sleep
+        self._random = random
+
+    def __repr__(self) -> str:
+        return f"RetryTransport({self._given!r}, policy={self.policy!r})"
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` through the wrapped sync transport, retrying as the policy says."""
+        inner = self._sync_transport()
+        state = _Attempts(self, request)
+        if state.policy.buffer_body:
+            request.read()
+        state.check_replayable()
+        while True:
+            if self.limiter is not None:
+                self.limiter.acquire_sync()
+            try:
+                response = inner.handle_request(request)
+            except RETRY_ERRORS as exc:
+                if (wait := state.after_error(exc)) is None:
+                    raise
+            else:
+                if (wait := state.after_response(response)) is None:
+                    if state.should_raise(response):
+                        response.close()
+                        raise state.exhausted(response) from None
+                    return response
+                response.close()
+            if not is_testing():
+                self._sleep(wait)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` through the wrapped async transport, retrying as the policy says."""
+        inner = self._async_transport()
+        state = _Attempts(self, request)
+        if state.policy.buffer_body:
+            await request.aread()
+        state.check_replayable()
+        while True:
+            if self.limiter is not None:
+                await self.limiter.acquire()
+            try:
+                response = await inner.handle_async_request(request)
+            except RETRY_ERRORS as exc:
+                if (wait := state.after_error(exc)) is None:
+                    raise
+            else:
+                if (wait := state.after_response(response)) is None:
+                    if state.should_raise(response):
+                        await response.aclose()
+                        raise state.exhausted(response) from None
+                    return response
+                await response.aclose()
+            if not is_testing():
+                await self._async_sleep(wait)
+
+    def close(self) -> None:
+        """Close the wrapped sync transport."""
+        if self._sync is not None:
+            self._sync.close()
+
+    async def aclose(self) -> None:
+        """Close the wrapped async transport."""
+        if self._async is not None:
+            await self._async.aclose()
+
+    def _sync_transport(self) -> httpx.BaseTransport:
+        """Return the wrapped sync transport, creating the default one on first use."""
+        if self._sync is None:
+            self._refuse_given("a sync", "httpx.Client")
+            self._sync = httpx.HTTPTransport()
+        return self._sync
+
+    def _async_transport(self) -> httpx.AsyncBaseTransport:
+        """Return the wrapped async transport, creating the default one on first use."""
+        if self._async is None:
+            self._refuse_given("an async", "httpx.AsyncClient")
+            self._async = httpx.AsyncHTTPTransport()
+        return self._async
+
+    def _refuse_given(self, kind: str, client: str) -> None:
+        """Fail clearly when the given transport cannot serve this kind of client."""
+        if self._given is not None:
+            msg = (
+                f"{type(self._given).__name__} is not {kind} transport; "
+                f"wrap {kind} transport to use RetryTransport with {client}"
+            )
+            raise TypeError(msg)
+
+
+class _Attempts:
+    """One request's retry bookkeeping, shared by the sync and async loops."""
+
+    __slots__ = ("_reason", "_start", "_transport", "attempt", "policy", "replayable", "request")
+
+    def __init__(self, transport: RetryTransport, request: httpx.Request) -> None:
+        self._transport = transport
+        self.request = request
+        self.policy = transport.policy.for_request(request)
+        self.attempt = 0
+        self.replayable = True
+        self._reason: GiveUpReason = "max_retries"
+        self._start = transport._clock()
+        method = request.method.upper()
+        if (
+            self.policy.add_idempotency_key
+            and method not in self.policy.retry_methods
+            and "idempotency-key" not in request.headers
+        ):
+            # Set once, so every attempt carries the same key.
+            request.headers["Idempotency-Key"] = str(uuid.uuid4())
+
+    def check_replayable(self) -> None:
+        """Decide once, before the first attempt, whether this request may be sent again."""
+        method = self.request.method.upper()
+        self.replayable = (
+            method in self.policy.retry_methods or "idempotency-key" in self.request.headers
+        ) and isinstance(self.request.stream, httpx.ByteStream)
+
+    def after_response(self, response: httpx.Response) -> float | None:
+        """Return the wait before the next attempt, or None to hand ``response`` back."""
+        transport = self._transport
+        limiter = transport.limiter
+        retryable = response.status_code in self.policy.retry_statuses
+        if limiter is not None and limiter.adaptive:
+            quota = read_quota(response.headers, transport._wall_clock())
+            if quota is not None:
+                limiter.update(quota.remaining, quota.reset_after)
+        if not retryable:
+            if transport.retry_budget is not None:
+                transport.retry_budget.record_success()
+            return None
+        hint = self._hint(response)
+        if hint is not None and limiter is not None and response.status_code == 429:
+            limiter.update(0, hint)
+        return self._next_wait(hint, f"status {response.status_code}")
+
+    def after_error(self, error: httpx.TransportError) -> float | None:
+        """Return the wait before the next attempt, or None to re-raise ``error``."""
+        return self._next_wait(None, f"{type(error).__name__}: {error}")
+
+    def should_raise(self, response: httpx.Response) -> bool:
+        """Whether to raise instead of returning this last, retryable response."""
+        return self.policy.raise_on_give_up and response.status_code in self.policy.retry_statuses
+
+    def exhausted(self, response: httpx.Response) -> RetriesExhausted:
+        """Build the error for a retryable response we stopped at."""
+        msg = (
+            f"gave up on {self.request.method} {_loggable(self.request.url)} after "
+            f"{self.attempt + 1} attempt(s) ({self._reason}); last status {response.status_code}"
+        )
+        return RetriesExhausted(msg, request=self.request, response=response, reason=self._reason)
+
+    def _hint(self, response: httpx.Response) -> float | None:
+        """Return the first server hint the policy's parsers find.
+
+        A parser that raises is a bug in it, logged; the response must still be
+        closed and the retry go on, so it counts as no hint.
+        """
+        now = self._transport._wall_clock()
+        for parse in self.policy.hints:
+            try:
+                wait = parse(response.headers, now)
+            except Exception:
+                logger.exception("hint parser %r failed; ignoring it", parse)
+                continue
+            if wait is not None and wait >= 0 and math.isfinite(wait):
+                return wait
+        return None
+
+    def _next_wait(self, hint: float | None, outcome: str) -> float | None:
+        """Count a failed attempt and schedule the next one, or return None to stop."""
+        transport, policy = self._transport, self.policy
+        if transport.retry_budget is not None:
+            transport.retry_budget.record_failure()
+        if hint is not None:
+            wait = hint
+        else:
+            wait = full_jitter(
+                self.attempt,
+                base=policy.backoff_base,
+                cap=policy.backoff_cap,
+                random=transport._random,
+            )
+        if is_testing():
+            wait = 0.0
+        reason = self._stop_reason(wait)
+        if reason is not None:
+            self._give_up(reason, outcome, wait)
+            return None
+        self.attempt += 1
+        logger.info(
+            "retrying %s %s after %s: attempt %d in %.3fs",
+            self.request.method,
+            _loggable(self.request.url),
+            outcome,
+            self.attempt,
+            wait,
+            extra={
+                "attempt": self.attempt,
+                "wait": wait,
+                "outcome": outcome,
+                "method": self.request.method,
+                "url": _loggable(self.request.url),
+            },
+        )
+        return wait
+
+    def _stop_reason(self, wait: float) -> GiveUpReason | None:
+        """Return why no retry may follow after waiting ``wait`` seconds, or None."""
+        policy, budget = self.policy, self._transport.retry_budget
+        if not self.replayable:
+            return "not_replayable"
+        if self.attempt >= policy.max_retries:
+            return "max_retries"
+        if budget is not None and not budget.can_retry():
+            return "retry_budget"
+        elapsed = self._transport._clock() - self._start
+        if policy.max_time is not None and elapsed + wait > policy.max_time:
+            return "max_time"
+        return None
+
+    def _give_up(self, reason: GiveUpReason, outcome: str, wait: float) -> None:
+        """Remember and log why no retry follows."""
+        self._reason = reason
+        if reason != "not_replayable":
+            logger.warning(
+                "giving up on %s %s after %s: %s (next wait would be %.3fs)",
+                self.request.method,
+                _loggable(self.request.url),
+                outcome,
+                reason,
+                wait,
+            )
+
+
+def _loggable(url: httpx.URL) -> str:
+    """The URL without query string, fragment or credentials, safe for logs."""
+    return str(url.copy_with(query=None, fragment=None, userinfo=b""))

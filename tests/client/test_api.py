@@ -1,0 +1,95 @@
+"""The public surface of ratelimit_mw.client: names, docs, examples, independence."""
+
+from __future__ import annotations
+
+import ast
+import doctest
+import importlib
+import inspect
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ratelimit_mw.client as client
+
+MODULES = sorted(
+    f"ratelimit_mw.client.{info.name}" for info in pkgutil.iter_modules(client.__path__)
+)
+PACKAGE_DIR = Path(client.__file__).parent
+
+
+def _isort_style(name: str) -> tuple[int, str]:
+    """Ruff's RUF022 order: CONSTANTS, then Classes, then functions."""
+    return (0 if name.isupper() else 1 if name[0].isupper() else 2, name)
+
+
+def test_all_is_sorted_and_complete() -> None:
+    """__all__ is sorted and lists exactly the public names of the package."""
+    public = {
+        name
+        for name, value in vars(client).items()
+        if not name.startswith("_") and not inspect.ismodule(value) and name != "annotations"
+    }
+    assert client.__all__ == sorted(public, key=_isort_style)
+
+
+def test_every_public_object_is_documented() -> None:
+    """Every public class and function has a docstring, and so do their public methods."""
+    for name in client.__all__:
+        obj = getattr(client, name)
+        if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+            continue
+        assert inspect.getdoc(obj), name
+        if inspect.isclass(obj):
+            for attr, member in vars(obj).items():
+                if not attr.startswith("_") and inspect.isfunction(member):
+                    assert inspect.getdoc(member), f"{name}.{attr}"
+
+
+@pytest.mark.parametrize("module", ["ratelimit_mw.client", *MODULES])
+def test_docstring_examples_run(module: str) -> None:
+    """The examples in the docstrings are correct."""
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0
+
+
+def test_no_import_from_the_server_side() -> None:
+    """The client imports nothing from the rest of ratelimit_mw."""
+    for path in PACKAGE_DIR.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert node.level <= 1, f"{path.name} reaches outside the client package"
+                module = node.module or ""
+                assert node.level == 1 or not module.startswith("ratelimit_mw"), path.name
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    assert not alias.name.startswith("ratelimit_mw"), path.name
+
+
+def test_works_with_only_httpx_installed() -> None:
+    """The client package imports in a fresh interpreter with every server dependency blocked.
+
+    The parent package is stubbed: ``ratelimit_mw/__init__.py`` belongs to the
+    server side, and whether it stays importable without its extras is its own
+    concern.
+    """
+    code = f"""
+import importlib.abc, sys, types
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {{"starlette", "fastapi", "redis", "limits", "uvicorn"}}:
+            raise ImportError(f"blocked {{name}}")
+sys.meta_path.insert(0, Block())
+parent = types.ModuleType("ratelimit_mw")
+parent.__path__ = [{str(PACKAGE_DIR.parent)!r}]
+sys.modules["ratelimit_mw"] = parent
+import ratelimit_mw.client
+assert [m for m in sys.modules if m.startswith("ratelimit_mw.") and ".client" not in m] == []
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,130 @@
+"""Rates and limits: parsed with the limits package's grammar, bad input named."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from ratelimit_mw import ConfigError, Hit, Limit, Rate, limits_from, parse_rate, parse_rates
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("10/minute", [Rate(10, 60)]),
+        ("100 per hour", [Rate(100, 3600)]),
+        ("10/minute; 1000/day", [Rate(10, 60), Rate(1000, 86400)]),
+        ("5/30 seconds", [Rate(5, 30)]),
+        ("1/second", [Rate(1, 1)]),
+        ("2 per 3 hours", [Rate(2, 10800)]),
+    ],
+)
+def test_parses_rate_notation(text: str, expected: list[Rate]) -> None:
+    """Every notation of the limits package gives the same amount and period."""
+    assert parse_rates(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "ten/minute", "10/fortnight", "-1/minute", "0/minute", "5/0 seconds", "10 minute",
+     "10/minute;;", "10/minute; 0/day", "1e3/minute"],
+)
+def test_rejects_bad_rates_naming_them(text: str) -> None:
+    """A bad rate is a ConfigError whose message quotes the string."""
+    with pytest.raises(ConfigError, match=re.escape(repr(text))):
+        parse_rates(text)
+
+
+def test_non_string_rate_is_rejected() -> None:
+    """A number where a rate string belongs fails with a clear error."""
+    with pytest.raises(ConfigError, match="not a string"):
+        parse_rates(10)  # type: ignore[arg-type]
+
+
+def test_parse_rate_wants_exactly_one() -> None:
+    """parse_rate refuses a list of rates."""
+    with pytest.raises(ConfigError, match="single rate"):
+        parse_rate("1/second; 5/minute")
+
+
+@pytest.mark.parametrize(
+    ("rate", "text"),
+    [(Rate(10, 60), "10/minute"), (Rate(5, 30), "5/30 seconds"), (Rate(3, 7200), "3/2 hours"),
+     (Rate(1, 86400), "1/day"), (Rate(2, 0.5), "2/0.5 seconds")],
+)
+def test_rates_print_readably(rate: Rate, text: str) -> None:
+    """str(Rate) reads like the notation it came from."""
+    assert str(rate) == text
+
+
+@pytest.mark.parametrize("amount", [0, -3, 1.5, True, "10"])
+def test_rate_amount_must_be_positive_int(amount: object) -> None:
+    """Rate(amount, ...) rejects zero, negatives, floats, bools and strings."""
+    with pytest.raises(ConfigError, match="amount"):
+        Rate(amount, 60)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("period", [0, -1, float("nan"), float("inf"), 1e-9])
+def test_rate_period_must_be_positive(period: float) -> None:
+    """Rate(..., period) rejects zero, negative, NaN, infinite and sub-microsecond periods."""
+    with pytest.raises(ConfigError, match="period"):
+        Rate(10, period)
+
+
+def test_limit_parse_and_defaults() -> None:
+    """Limit.parse builds a limit; capacity is the burst for buckets, else the amount."""
+    bucket = Limit.parse("10/minute", "token_bucket", burst=20)
+    window = Limit.parse("10/minute")
+    assert (bucket.capacity, bucket.algorithm, bucket.period) == (20, "token_bucket", 60)
+    assert (window.capacity, window.algorithm) == (10, "sliding_window")
+    assert str(bucket) == "token_bucket 10/minute burst 20"
+
+
+@pytest.mark.parametrize(
+    ("alias", "name"),
+    [("leaky-bucket", "gcra"), ("moving_window", "sliding_log"), ("Fixed-Window", "fixed_window"),
+     ("sliding_window_counter", "sliding_window")],
+)
+def test_algorithm_aliases(alias: str, name: str) -> None:
+    """Common spellings of the algorithms are accepted."""
+    assert Limit.parse("1/second", alias).algorithm == name
+
+
+def test_unknown_algorithm_is_named() -> None:
+    """An unknown algorithm fails when the limit is built, naming it and the known ones."""
+    with pytest.raises(ConfigError, match=r"unknown algorithm 'bogus'.*gcra"):
+        Limit.parse("1/second", "bogus")
+
+
+@pytest.mark.parametrize("burst", [0, -1, 2.5])
+def test_bad_burst(burst: object) -> None:
+    """A burst must be a positive integer."""
+    with pytest.raises(ConfigError, match="burst"):
+        Limit.parse("1/second", "gcra", burst=burst)  # type: ignore[arg-type]
+
+
+def test_burst_only_for_buckets() -> None:
+    """A burst on a window algorithm is a mistake, reported as such."""
+    with pytest.raises(ConfigError, match="only applies to token_bucket and gcra"):
+        Limit.parse("1/second", "fixed_window", burst=5)
+
+
+@pytest.mark.parametrize("cost", [-1, 1.5, "2", True])
+def test_bad_cost_fails_when_the_hit_is_built(cost: object) -> None:
+    """A negative or non-integer cost fails when the hit is built, not per request."""
+    with pytest.raises(ConfigError, match="cost"):
+        Hit(Limit.parse("1/second"), cost)  # type: ignore[arg-type]
+
+
+def test_limits_from_splits_rates() -> None:
+    """limits_from builds one limit per rate, with one algorithm."""
+    built = limits_from("10/minute; 1000/day", "fixed_window")
+    assert [(lim.rate, lim.algorithm) for lim in built] == [
+        (Rate(10, 60), "fixed_window"), (Rate(1000, 86400), "fixed_window")]
+
+
+def test_uid_ignores_the_display_name() -> None:
+    """Counters are identified by shape, so renaming a policy keeps its counter."""
+    assert Limit.parse("5/minute", name="a").uid == Limit.parse("5/minute", name="b").uid
+    assert Limit.parse("5/minute").uid != Limit.parse("5/minute", "fixed_window").uid
