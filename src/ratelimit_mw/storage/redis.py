@@ -9,7 +9,7 @@ from importlib.resources import files
 from typing import Any
 
 from redis import exceptions as redis_errors
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.commands.core import AsyncScript
 
 from ..decision import Verdict
@@ -64,12 +64,21 @@ class RedisStorage(Storage):
     ) -> RedisStorage:
         """Connect lazily to ``redis://`` or ``rediss://``; ``timeout`` bounds each call.
 
-        ``clock`` is for tests only (see ``__init__``); other options go to redis-py.
+        With ``max_connections``, callers beyond it wait for a free connection (up to
+        ``pool_timeout`` seconds) instead of failing. ``clock`` is for tests only (see
+        ``__init__``); other options go to redis-py.
         """
         if timeout is not None:
             options.setdefault("socket_timeout", timeout)
             options.setdefault("socket_connect_timeout", timeout)
-        client = Redis.from_url(url, **options)
+        max_connections = options.pop("max_connections", None)
+        pool_timeout = options.pop("pool_timeout", 5.0)
+        if max_connections is not None:
+            pool = BlockingConnectionPool.from_url(
+                url, max_connections=max_connections, timeout=pool_timeout, **options)
+            client = Redis.from_pool(pool)
+        else:
+            client = Redis.from_url(url, **options)
         return cls(client, prefix=prefix, clock=clock, owns_client=True)
 
     @property

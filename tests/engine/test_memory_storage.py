@@ -1,0 +1,57 @@
+"""What only the in-memory storage promises: bounded memory, reclaimed state."""
+
+from __future__ import annotations
+
+import pytest
+
+from ratelimit_mw import ConfigError, Hit, Limit, MemoryStorage
+from tests.conftest import FakeClock
+
+
+async def test_max_keys_evicts_the_least_recently_used(clock: FakeClock) -> None:
+    """Beyond max_keys the coldest identity goes; a hot one stays."""
+    storage = MemoryStorage(max_keys=100, clock=clock)
+    hit = Hit(Limit.parse("1/hour", "fixed_window"))
+    await storage.decide("hot", [hit])
+    for i in range(1000):
+        await storage.decide(f"flood-{i}", [hit])
+        if i % 10 == 0:
+            await storage.decide("hot", [Hit(hit.limit, 0)])  # touched, so kept
+    assert len(storage) == 100
+    assert not (await storage.decide("hot", [hit])).allowed  # its usage survived
+    assert (await storage.decide("flood-0", [hit])).allowed  # evicted, so forgotten
+
+
+async def test_expired_state_is_reclaimed(clock: FakeClock) -> None:
+    """Identities whose counters have all expired are dropped as calls pass."""
+    storage = MemoryStorage(clock=clock)
+    hit = Hit(Limit.parse("5/second", "sliding_log"))
+    for i in range(50):
+        await storage.decide(f"old-{i}", [hit])
+    assert len(storage) == 50
+    clock.advance(1.0)
+    for _ in range(20):
+        await storage.decide("new", [hit])
+        clock.advance(0.01)
+    assert len(storage) == 1
+
+
+async def test_denied_and_peeked_requests_store_nothing(clock: FakeClock) -> None:
+    """Only admitted requests with a cost create state."""
+    storage = MemoryStorage(clock=clock)
+    limit = Limit.parse("1/minute")
+    await storage.peek("peeker", [Hit(limit)])
+    await storage.decide("never", [Hit(limit, 5)])
+    assert len(storage) == 0
+
+
+@pytest.mark.parametrize("max_keys", [0, -1, 1.5, True])
+def test_max_keys_must_be_positive(max_keys: object) -> None:
+    """A max_keys that cannot hold a key is refused at start-up."""
+    with pytest.raises(ConfigError, match="max_keys"):
+        MemoryStorage(max_keys=max_keys)  # type: ignore[arg-type]
+
+
+def test_repr_shows_live_state() -> None:
+    """repr tells how full the storage is."""
+    assert repr(MemoryStorage(max_keys=7)) == "MemoryStorage(keys=0, max_keys=7)"

@@ -1,0 +1,150 @@
+"""What only the Redis storage promises: one round trip, Redis's clock, TTLs, NOSCRIPT."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from redis.crc import key_slot
+
+from ratelimit_mw import ALGORITHM_NAMES, ConfigError, Hit, Limit, RedisStorage, storage_from_url
+from ratelimit_mw.storage.keys import encode_part, redis_key
+from tests.engine.test_storage import limit_for
+
+
+@pytest.fixture
+async def storage(redis_url: str, redis_prefix: str) -> AsyncIterator[RedisStorage]:
+    storage = RedisStorage.from_url(redis_url, prefix=redis_prefix)
+    yield storage
+    await storage.close()
+
+
+@pytest.fixture
+async def raw(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+def three_limits() -> list[Hit]:
+    return [Hit(Limit.parse("10/minute", "token_bucket", burst=20)),
+            Hit(Limit.parse("1000/day", "fixed_window")),
+            Hit(Limit.parse("100/hour", "sliding_window"))]
+
+
+async def test_one_command_per_decision_with_three_limits(
+    storage: RedisStorage, raw: aioredis.Redis, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Three limits cost one EVALSHA each decision, counted by the client and by Redis."""
+    await storage.decide("warm", three_limits())  # loads the script once
+    sent: list[Any] = []
+    original = storage.client.execute_command
+
+    async def counting(*args: Any, **options: Any) -> Any:
+        sent.append(args[0])
+        return await original(*args, **options)
+
+    monkeypatch.setattr(storage.client, "execute_command", counting)
+    before = await raw.info("commandstats")
+    for i in range(50):
+        await storage.decide(f"user-{i % 5}", three_limits())
+    after = await raw.info("commandstats")
+    assert sent == ["EVALSHA"] * 50
+    assert after["cmdstat_evalsha"]["calls"] - before["cmdstat_evalsha"]["calls"] >= 50
+
+
+async def test_every_key_has_a_ttl(storage: RedisStorage, raw: aioredis.Redis) -> None:
+    """Nothing leaks: every key written has a TTL no longer than its window plus slack."""
+    hits = [Hit(limit_for(name, "5/minute")) for name in ALGORITHM_NAMES]
+    for i in range(7):
+        await storage.decide(f"k{i % 3}", hits)
+    names = [name async for name in raw.scan_iter(match=storage.prefix + "*")]
+    assert len(names) == 3 * len(ALGORITHM_NAMES)
+    for name in names:
+        ttl = await raw.pttl(name)
+        assert 0 < ttl <= 2 * 60_000 + 1_000, name
+
+
+async def test_decides_on_the_redis_clock(
+    storage: RedisStorage, raw: aioredis.Redis, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A skewed app clock changes nothing: windows follow Redis's TIME."""
+    monkeypatch.setattr(time, "time", lambda: 0.0)
+    seconds, micros = await raw.time()
+    redis_now = seconds + micros / 1e6
+    verdict = await storage.decide("clock", [Hit(Limit.parse("5/minute", "fixed_window"))])
+    expected = 60 - redis_now % 60
+    assert abs(verdict.decisions[0].reset_after - expected) < 0.5
+
+
+async def test_reloads_the_script_after_a_flush(storage: RedisStorage, raw: aioredis.Redis) -> None:
+    """After SCRIPT FLUSH (a restart, a failover) the script is loaded again transparently."""
+    hit = Hit(Limit.parse("2/minute"))
+    assert (await storage.decide("flush", [hit])).allowed
+    await raw.script_flush()
+    assert (await storage.decide("flush", [hit])).allowed
+    assert not (await storage.decide("flush", [hit])).allowed
+
+
+@pytest.mark.parametrize("identity", ["ip:2001:db8::1 {x}", "", "}{", "k" * 5000])
+def test_keys_share_one_hash_slot(identity: str) -> None:
+    """All keys of one identity carry the same hash tag, so Cluster takes them in one call."""
+    names = [redis_key("app:", identity, scope, limit.uid)
+             for scope in ("", "/a", "/b:{c}")
+             for limit in (Limit.parse("1/second"), Limit.parse("9/day", "gcra", burst=3))]
+    assert len({key_slot(name.encode()) for name in names}) == 1
+    assert len({key_slot(redis_key("app:", f"{identity}{i}", "", "u").encode())
+                for i in range(50)}) > 1
+
+
+@pytest.mark.parametrize(
+    ("left", "right"),
+    [("a:b", "a%3Ab"), ("", "%"), ("x" * 200, "%~" + "0" * 32), ("a b", "a+b"), ("{", "%7B")],
+)
+def test_encoded_parts_never_collide(left: str, right: str) -> None:
+    """Percent-encoding and hashing are injective: distinct parts give distinct keys."""
+    assert encode_part(left) != encode_part(right)
+    for part in (left, right):
+        assert not {"{", "}", ":", " ", "\n"} & set(encode_part(part))
+
+
+def test_prefix_with_braces_is_refused() -> None:
+    """A prefix holding a brace would break the Cluster hash tag: refused at start-up."""
+    with pytest.raises(ConfigError, match="prefix"):
+        storage_from_url("redis://127.0.0.1:6379/0", prefix="app{1}:")
+
+
+@pytest.mark.parametrize("url", ["mysql://x", "redis:/nohost", "nonsense", "", "memory:/"])
+def test_unknown_storage_urls_are_refused(url: str) -> None:
+    """An unsupported URL is a ConfigError naming it."""
+    with pytest.raises(ConfigError, match="storage URL"):
+        storage_from_url(url)
+
+
+async def test_storage_from_url_builds_both_kinds(redis_url: str) -> None:
+    """memory:// and redis:// give working storages."""
+    memory = storage_from_url("memory://", max_keys=10)
+    assert await memory.ping()
+    redis_storage = storage_from_url(redis_url)
+    try:
+        assert isinstance(redis_storage, RedisStorage)
+        assert await redis_storage.ping()
+    finally:
+        await redis_storage.close()
+
+
+async def test_unreachable_redis_raises_storage_error() -> None:
+    """A dead server is a StorageError, quickly, never a raw socket error."""
+    from ratelimit_mw import StorageError
+    from tests.conftest import free_port
+
+    dead = RedisStorage.from_url(f"redis://127.0.0.1:{free_port()}/0", timeout=0.2)
+    try:
+        with pytest.raises(StorageError):
+            await dead.decide("x", [Hit(Limit.parse("1/second"))])
+        assert not await dead.ping()
+    finally:
+        await dead.close()
