@@ -36,7 +36,26 @@ _EXPORTS = {
     "storage_from_url": "storage",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "ALGORITHM_NAMES",
+    "NEVER",
+    "AlgorithmName",
+    "ConfigError",
+    "Decision",
+    "Hit",
+    "Limit",
+    "MemoryStorage",
+    "Rate",
+    "RateLimitError",
+    "RedisStorage",
+    "Storage",
+    "StorageError",
+    "Verdict",
+    "limits_from",
+    "parse_rate",
+    "parse_rates",
+    "storage_from_url",
+]
 
 
 def __getattr__(name: str) -> Any:

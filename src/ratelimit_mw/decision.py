@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .limit import Limit
 
@@ -13,8 +13,7 @@ NEVER = math.inf
 """``retry_after`` of a request whose cost is larger than the limit can ever admit."""
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
     """One limit's answer for one request.
 
     ``reset_after``: seconds until the quota is fully back. ``retry_after``: seconds
@@ -42,8 +41,7 @@ class Decision:
                 f"reset in {self.reset_after:g}s, retry in {self.retry_after:g}s")
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
+class Verdict(NamedTuple):
     """All the limits of one request, decided together: admitted only if all admit."""
 
     allowed: bool
@@ -59,9 +57,12 @@ class Verdict:
     @property
     def binding(self) -> Decision | None:
         """The decision to report: the longest denial, else the one nearest exhaustion."""
-        if not self.decisions:
+        decisions = self.decisions
+        if not decisions:
             return None
+        if len(decisions) == 1:
+            return decisions[0]
         if not self.allowed:
-            denied = [d for d in self.decisions if not d.allowed]
+            denied = [d for d in decisions if not d.allowed]
             return max(denied, key=lambda d: (d.retry_after, -d.remaining))
-        return min(self.decisions, key=lambda d: (d.remaining, d.reset_after))
+        return min(decisions, key=lambda d: (d.remaining, d.reset_after))

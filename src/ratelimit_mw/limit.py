@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from .errors import ConfigError
 from .rates import Rate, parse_rate, parse_rates
@@ -48,8 +49,12 @@ class Limit:
     algorithm: AlgorithmName = "sliding_window"
     burst: int | None = None
     name: str = ""
+    amount: int = field(init=False, repr=False, compare=False)
     capacity: int = field(init=False, repr=False, compare=False)
+    period_us: int = field(init=False, repr=False, compare=False)
     uid: str = field(init=False, repr=False, compare=False)
+    step: Callable[[Any, int, int, int, int, int], tuple[bool, int, int, int, Any]] = field(
+        init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.rate, Rate):
@@ -64,11 +69,16 @@ class Limit:
                 msg = f"burst must be a positive integer, got {self.burst!r}"
                 raise ConfigError(msg)
         capacity = self.burst if self.burst is not None else self.rate.amount
+        object.__setattr__(self, "amount", self.rate.amount)
         object.__setattr__(self, "capacity", capacity)
+        object.__setattr__(self, "period_us", self.rate.period_us)
         object.__setattr__(self, "name", str(self.name) or self._default_name())
         # The storage identity of the counter: the shape, not the display name.
         uid = f"{self.algorithm}:{self.rate.amount}:{self.rate.period_us}:{capacity}"
         object.__setattr__(self, "uid", uid)
+        from .algorithms import ALGORITHMS  # the algorithms know limits; a late import
+
+        object.__setattr__(self, "step", ALGORITHMS[self.algorithm])
 
     @classmethod
     def parse(
@@ -110,6 +120,7 @@ class Hit:
     limit: Limit
     cost: int = 1
     scope: str = ""
+    slot: tuple[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.limit, Limit):
@@ -121,6 +132,7 @@ class Hit:
         if not isinstance(self.scope, str):
             msg = f"scope must be a string, got {self.scope!r}"
             raise ConfigError(msg)
+        object.__setattr__(self, "slot", (self.scope, self.limit.uid))
 
     @property
     def never(self) -> bool:

@@ -8,20 +8,28 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-__all__ = ["NEVER_US", "Step", "ceil_div"]
+__all__ = ["NEVER_US", "Outcome", "Step", "ceil_div"]
 
 NEVER_US = -1
 """``retry_us`` of a cost that the limit can never admit."""
 
 
 class Step(NamedTuple):
-    """One algorithm's answer: the decision, and the state to store if it is committed."""
+    """One algorithm's answer: the decision, and the state to store if it is committed.
+
+    The algorithms return plain tuples of these five fields (the hot path builds no
+    named tuple); ``algorithms.decide`` wraps them in a ``Step`` for readers and tests.
+    """
 
     allowed: bool
     remaining: int
     reset_us: int
     retry_us: int
     state: Any
+
+
+Outcome = tuple[bool, int, int, int, Any]
+"""``(allowed, remaining, reset_us, retry_us, state)``: a ``Step`` as a plain tuple."""
 
 
 def ceil_div(a: int, b: int) -> int:

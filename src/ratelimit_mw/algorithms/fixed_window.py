@@ -6,20 +6,22 @@ across a window edge.
 
 from __future__ import annotations
 
-from .base import NEVER_US, Step
+from .base import NEVER_US, Outcome
 
 State = tuple[int, int]
 
 
-def decide(state: State | None, now: int, limit: int, period: int, cost: int) -> Step:
+def decide(
+    state: State | None, now: int, limit: int, period: int, capacity: int, cost: int,
+) -> Outcome:
     """Admit ``cost`` units at ``now`` if the current window has room."""
     start = now - now % period
     count = state[1] if state is not None and state[0] == start else 0
     end = start + period
     if cost > limit:
-        return Step(False, limit - count, end - now if count else 0, NEVER_US, state)
+        return (False, limit - count, end - now if count else 0, NEVER_US, state)
     if count + cost > limit:
-        return Step(False, limit - count, end - now, end - now, state)
+        return (False, limit - count, end - now, end - now, state)
     used = count + cost
     new_state = (start, used) if cost else state
-    return Step(True, limit - used, end - now if used else 0, 0, new_state)
+    return (True, limit - used, end - now if used else 0, 0, new_state)

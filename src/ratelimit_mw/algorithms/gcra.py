@@ -7,14 +7,14 @@ the rate); up to ``capacity`` units may arrive at once (tolerance ``tau = T * ca
 
 from __future__ import annotations
 
-from .base import NEVER_US, Step, ceil_div
+from .base import NEVER_US, Outcome, ceil_div
 
 State = int
 
 
 def decide(
     state: State | None, now: int, amount: int, period: int, capacity: int, cost: int,
-) -> Step:
+) -> Outcome:
     """Admit ``cost`` units unless that pushes the TAT beyond ``now + tau``."""
     interval = ceil_div(period, amount)
     tau = interval * capacity
@@ -22,11 +22,11 @@ def decide(
     seen = tat if tat > now else None
     remaining = (now + tau - tat) // interval
     if cost > capacity:
-        return Step(False, remaining, tat - now, NEVER_US, seen)
+        return (False, remaining, tat - now, NEVER_US, seen)
     new_tat = tat + cost * interval
     allow_at = new_tat - tau
     if now < allow_at:
-        return Step(False, remaining, tat - now, allow_at - now, seen)
+        return (False, remaining, tat - now, allow_at - now, seen)
     if not cost:
-        return Step(True, remaining, tat - now, 0, seen)
-    return Step(True, (now - allow_at) // interval, new_tat - now, 0, new_tat)
+        return (True, remaining, tat - now, 0, seen)
+    return (True, (now - allow_at) // interval, new_tat - now, 0, new_tat)

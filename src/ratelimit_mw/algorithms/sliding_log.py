@@ -8,22 +8,26 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
-from .base import NEVER_US, Step
+from .base import NEVER_US, Outcome
 
 State = tuple[int, ...]
 
 
-def decide(state: State | None, now: int, limit: int, period: int, cost: int) -> Step:
+def decide(
+    state: State | None, now: int, limit: int, period: int, capacity: int, cost: int,
+) -> Outcome:
     """Admit ``cost`` units if fewer than ``limit - cost`` are logged in the last period."""
     log = state or ()
-    live = log[bisect_right(log, now - period):]
+    expired = bisect_right(log, now - period)
+    live = log[expired:] if expired else log
     count = len(live)
     reset = live[-1] + period - now if live else 0
     if cost > limit:
-        return Step(False, limit - count, reset, NEVER_US, live)
+        return (False, limit - count, reset, NEVER_US, live)
     if count + cost > limit:
         # The request fits once the oldest (count + cost - limit) units have expired.
-        return Step(False, limit - count, reset, live[count + cost - limit - 1] + period - now, live)
+        oldest_to_go = live[count + cost - limit - 1]
+        return (False, limit - count, reset, oldest_to_go + period - now, live)
     if not cost:
-        return Step(True, limit - count, reset, 0, live)
-    return Step(True, limit - count - cost, period, 0, live + (now,) * cost)
+        return (True, limit - count, reset, 0, live)
+    return (True, limit - count - cost, period, 0, live + (now,) * cost)

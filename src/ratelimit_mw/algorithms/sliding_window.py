@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from .base import NEVER_US, Step
+from .base import NEVER_US, Outcome
 
 State = tuple[int, int, int]
 
@@ -58,7 +58,9 @@ def _retry_at(state: State | None, now: int, limit: int, period: int, cost: int)
     return t
 
 
-def decide(state: State | None, now: int, limit: int, period: int, cost: int) -> Step:
+def decide(
+    state: State | None, now: int, limit: int, period: int, capacity: int, cost: int,
+) -> Outcome:
     """Admit ``cost`` units if the weighted count of the sliding period has room."""
     start = now - now % period
     current, previous = _counts(state, start, period)
@@ -71,11 +73,11 @@ def decide(state: State | None, now: int, limit: int, period: int, cost: int) ->
         reset = 0
     seen = (start, current, previous) if current or previous else None
     if cost > limit:
-        return Step(False, math.floor(limit - used), reset, NEVER_US, seen)
+        return (False, math.floor(limit - used), reset, NEVER_US, seen)
     if used + cost > limit:
         retry = _retry_at(state, now, limit, period, cost) - now
-        return Step(False, math.floor(limit - used), reset, retry, seen)
+        return (False, math.floor(limit - used), reset, retry, seen)
     if not cost:
-        return Step(True, math.floor(limit - used), reset, 0, seen)
-    return Step(True, math.floor(limit - used - cost), start + 2 * period - now, 0,
+        return (True, math.floor(limit - used), reset, 0, seen)
+    return (True, math.floor(limit - used - cost), start + 2 * period - now, 0,
                 (start, current + cost, previous))

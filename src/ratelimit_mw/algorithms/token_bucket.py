@@ -2,13 +2,15 @@
 
 State: ``(tokens, last_us)``; tokens is a float, refilled lazily at each decision in
 the same order of operations as the Lua twin, so both give bit-identical answers.
+The bucket counts as full from ``last + ceil((capacity - tokens) / rate)`` on, so
+that "full again" is an exact microsecond, immune to float rounding.
 """
 
 from __future__ import annotations
 
 import math
 
-from .base import NEVER_US, Step
+from .base import NEVER_US, Outcome
 
 State = tuple[float, int]
 
@@ -18,6 +20,8 @@ def _available(state: State | None, t: int, capacity: int, rate: float) -> float
     if state is None:
         return float(capacity)
     tokens, last = state
+    if t - last >= math.ceil((capacity - tokens) / rate):
+        return float(capacity)
     return min(float(capacity), tokens + max(0, t - last) * rate)
 
 
@@ -38,21 +42,22 @@ def _first(
 
 def decide(
     state: State | None, now: int, amount: int, period: int, capacity: int, cost: int,
-) -> Step:
+) -> Outcome:
     """Take ``cost`` tokens if the bucket holds that many."""
     rate = amount / period
-    tokens = _available(state, now, capacity, rate)
-    reset = _first(state, now, now + math.ceil((capacity - tokens) / rate), capacity, capacity,
-                   rate) - now
+    if state is None:
+        tokens, reset = float(capacity), 0
+    else:
+        tokens = _available(state, now, capacity, rate)
+        full_at = state[1] + math.ceil((capacity - state[0]) / rate)
+        reset = full_at - now if full_at > now else 0
     if cost > capacity:
-        return Step(False, math.floor(tokens), reset, NEVER_US, state)
+        return (False, math.floor(tokens), reset, NEVER_US, state)
     if tokens < cost:
-        retry = _first(state, now + 1, now + math.ceil((cost - tokens) / rate), cost, capacity, rate) - now
-        return Step(False, math.floor(tokens), reset, retry, state)
+        guess = now + math.ceil((cost - tokens) / rate)
+        retry = _first(state, now + 1, guess, cost, capacity, rate) - now
+        return (False, math.floor(tokens), reset, retry, state)
     if not cost:
-        return Step(True, math.floor(tokens), reset, 0, state)
+        return (True, math.floor(tokens), reset, 0, state)
     left = tokens - cost
-    new_state = (left, now)
-    reset = _first(new_state, now, now + math.ceil((capacity - left) / rate), capacity, capacity,
-                   rate) - now
-    return Step(True, math.floor(left), reset, 0, new_state)
+    return (True, math.floor(left), math.ceil((capacity - left) / rate), 0, (left, now))

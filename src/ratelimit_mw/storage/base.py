@@ -9,7 +9,9 @@ from typing import Any
 from ..decision import NEVER, Decision, Verdict
 from ..limit import Hit
 
-__all__ = ["Storage"]
+__all__ = ["Storage", "decision_from", "merge_hits"]
+
+_new = tuple.__new__
 
 
 class Storage(ABC):
@@ -47,17 +49,21 @@ class Storage(ABC):
         await self.close()
 
 
-def decision_from(hit: Hit, allowed: bool, remaining: int, reset_us: int, retry_us: int) -> Decision:
+def decision_from(
+    hit: Hit, allowed: bool, remaining: int, reset_us: int, retry_us: int,
+) -> Decision:
     """Build a public decision from an algorithm step in microseconds (-1 retry: never)."""
-    return Decision(
-        allowed=allowed,
-        limit=hit.limit.capacity,
-        remaining=max(0, remaining),
-        reset_after=reset_us / 1_000_000,
-        retry_after=NEVER if retry_us < 0 else retry_us / 1_000_000,
-        policy=hit.limit,
-        scope=hit.scope,
-    )
+    limit = hit.limit
+    # tuple.__new__ skips the named tuple's Python-level __new__: this runs per request.
+    return _new(Decision, (
+        allowed,
+        limit.capacity,
+        remaining if remaining > 0 else 0,
+        reset_us / 1_000_000,
+        retry_us / 1_000_000 if retry_us >= 0 else NEVER,
+        limit,
+        hit.scope,
+    ))
 
 
 def merge_hits(hits: Sequence[Hit]) -> Sequence[Hit]:

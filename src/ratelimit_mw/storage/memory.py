@@ -7,7 +7,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..algorithms import ALGORITHMS
 from ..decision import Verdict
 from ..errors import ConfigError
 from ..limit import Hit
@@ -16,6 +15,13 @@ from .base import Storage, decision_from, merge_hits
 __all__ = ["MemoryStorage"]
 
 _SWEEP = 4  # expired identities reclaimed per call, from the least recently used end
+_new = tuple.__new__
+_NO_CELLS: dict[tuple[str, str], tuple[Any, int]] = {}
+
+
+def _wall_us() -> int:
+    """The wall clock in whole microseconds."""
+    return time.time_ns() // 1000
 
 
 class _Entry:
@@ -42,14 +48,18 @@ class MemoryStorage(Storage):
     True
     """
 
-    __slots__ = ("_clock", "_keys", "max_keys")
+    __slots__ = ("_clock", "_keys", "_now", "max_keys")
 
-    def __init__(self, *, max_keys: int = 100_000, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, *, max_keys: int = 100_000, clock: Callable[[], float] | None = None,
+    ) -> None:
         if isinstance(max_keys, bool) or not isinstance(max_keys, int) or max_keys < 1:
             msg = f"max_keys must be a positive integer, got {max_keys!r}"
             raise ConfigError(msg)
         self.max_keys = max_keys
         self._clock = clock
+        self._now: Callable[[], int] = (
+            _wall_us if clock is None else lambda: round(clock() * 1_000_000))
         self._keys: OrderedDict[str, _Entry] = OrderedDict()
 
     def __repr__(self) -> str:
@@ -63,40 +73,56 @@ class MemoryStorage(Storage):
 
     def decide_now(self, key: str, hits: Sequence[Hit]) -> Verdict:
         """The synchronous core of ``decide`` (the whole decision, without awaiting)."""
-        now = round(self._clock() * 1_000_000)
+        now = self._now()
         keys = self._keys
-        self._reclaim(now)
         entry = keys.get(key)
-        cells = entry.cells if entry is not None else None
-        hits = merge_hits(hits)
-        steps = []
-        for hit in hits:
-            cell = cells.get((hit.scope, hit.limit.uid)) if cells else None
-            state = cell[0] if cell is not None and cell[1] > now else None
-            steps.append(ALGORITHMS[hit.limit.algorithm](state, now, hit.limit, hit.cost))
-        allowed = all(step.allowed for step in steps)
-        if allowed:
-            for hit, step in zip(hits, steps, strict=True):
-                if hit.cost:
-                    if entry is None:
-                        entry = self._insert(key)
-                    expires = now + step.reset_us
-                    entry.cells[(hit.scope, hit.limit.uid)] = (step.state, expires)
-                    entry.expires = max(entry.expires, expires)
-        else:
-            # Report what the admitted limits look like without this request's cost.
-            for i, (hit, step) in enumerate(zip(hits, steps, strict=True)):
-                if step.allowed and hit.cost:
-                    cell = cells.get((hit.scope, hit.limit.uid)) if cells else None
-                    state = cell[0] if cell is not None and cell[1] > now else None
-                    steps[i] = ALGORITHMS[hit.limit.algorithm](state, now, hit.limit, 0)
         if entry is not None:
             keys.move_to_end(key)
-        return Verdict(allowed, tuple(
-            decision_from(hit, *step[:4]) for hit, step in zip(hits, steps, strict=True)
-        ))
+            cells = entry.cells
+        else:
+            cells = _NO_CELLS
+        if len(hits) > 1:
+            hits = merge_hits(hits)
+        steps = []
+        allowed = True
+        for hit in hits:
+            limit = hit.limit
+            cell = cells.get(hit.slot)
+            step = limit.step(cell[0] if cell is not None and cell[1] > now else None, now,
+                              limit.amount, limit.period_us, limit.capacity, hit.cost)
+            steps.append(step)
+            if not step[0]:
+                allowed = False
+        if allowed:
+            for i, hit in enumerate(hits):
+                if hit.cost:
+                    if entry is None:
+                        entry = self._insert(key, now)
+                    step = steps[i]
+                    expires = now + step[2]
+                    entry.cells[hit.slot] = (step[4], expires)
+                    if expires > entry.expires:
+                        entry.expires = expires
+        else:
+            # Report what the admitted limits look like without this request's cost.
+            for i, hit in enumerate(hits):
+                if steps[i][0] and hit.cost:
+                    limit = hit.limit
+                    cell = cells.get(hit.slot)
+                    steps[i] = limit.step(
+                        cell[0] if cell is not None and cell[1] > now else None, now,
+                        limit.amount, limit.period_us, limit.capacity, 0)
+        if len(hits) == 1:
+            step = steps[0]
+            return _new(Verdict, (allowed, (
+                decision_from(hits[0], step[0], step[1], step[2], step[3]),)))
+        return _new(Verdict, (allowed, tuple([
+            decision_from(hit, step[0], step[1], step[2], step[3])
+            for hit, step in zip(hits, steps, strict=True)
+        ])))
 
-    def _insert(self, key: str) -> _Entry:
+    def _insert(self, key: str, now: int) -> _Entry:
+        self._reclaim(now)
         entry = self._keys[key] = _Entry()
         if len(self._keys) > self.max_keys:
             self._keys.popitem(last=False)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-
 from collections.abc import Callable, Sequence
 from importlib.resources import files
 from typing import Any
@@ -20,7 +19,9 @@ from .keys import check_prefix, encode_part, redis_key
 
 __all__ = ["RedisStorage", "decide_script_source"]
 
-_FAILURES = (redis_errors.RedisError, OSError, asyncio.TimeoutError)
+# RedisClusterException (no topology, slot not covered) is not a RedisError.
+_FAILURES = (redis_errors.RedisError, redis_errors.RedisClusterException, OSError,
+             asyncio.TimeoutError)
 
 
 def decide_script_source() -> str:
@@ -84,7 +85,7 @@ class RedisStorage(Storage):
     @property
     def client(self) -> Redis:
         """The underlying ``redis.asyncio`` client."""
-        return self._client  # type: ignore[no-any-return]
+        return self._client
 
     def __repr__(self) -> str:
         return f"RedisStorage(prefix={self.prefix!r}, client={self._client!r})"

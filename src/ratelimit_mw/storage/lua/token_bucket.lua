@@ -3,6 +3,7 @@
 -- State: hash {t = tokens (a float, stored with 17 significant digits), l = last refill}.
 local function tb_available(tokens, last, t, capacity, rate)
   if not tokens then return capacity end
+  if t - last >= math.ceil((capacity - tokens) / rate) then return capacity end
   return math.min(capacity, tokens + math.max(0, t - last) * rate)
 end
 
@@ -21,9 +22,12 @@ ALGORITHMS.token_bucket = function(key, now, amount, period, capacity, cost)
   local rate = amount / period
   local saved = redis.call("HMGET", key, "t", "l")
   local stored, last = tonumber(saved[1]), tonumber(saved[2])
-  local tokens = tb_available(stored, last, now, capacity, rate)
-  local reset = tb_first(stored, last, now, now + math.ceil((capacity - tokens) / rate),
-    capacity, capacity, rate) - now
+  local tokens, reset = capacity, 0
+  if stored then
+    tokens = tb_available(stored, last, now, capacity, rate)
+    local full_at = last + math.ceil((capacity - stored) / rate)
+    if full_at > now then reset = full_at - now end
+  end
   if cost > capacity then
     return false, math.floor(tokens), reset, NEVER
   end
@@ -36,9 +40,7 @@ ALGORITHMS.token_bucket = function(key, now, amount, period, capacity, cost)
     return true, math.floor(tokens), reset, 0
   end
   local left = tokens - cost
-  reset = tb_first(left, now, now, now + math.ceil((capacity - left) / rate),
-    capacity, capacity, rate) - now
-  return true, math.floor(left), reset, 0, function(ttl_ms)
+  return true, math.floor(left), math.ceil((capacity - left) / rate), 0, function(ttl_ms)
     redis.call("HSET", key, "t", string.format("%.17g", left), "l", fmt(now))
     redis.call("PEXPIRE", key, ttl_ms)
   end
