@@ -95,7 +95,8 @@ async def redis_table(url: str, seconds: float) -> list[str]:
         peer = None
         if algorithm in PEERS:
             peer_storage = limits_storage.RedisStorage(
-                url.replace("redis://", "async+redis://", 1), key_prefix=prefix + "peer")
+                url.replace("redis://", "async+redis://", 1), key_prefix=f"{prefix}peer-{algorithm}",
+                implementation="redispy", max_connections=64)
             limiter = PEERS[algorithm](peer_storage)
             item = limits.parse(RATE)
             peer = await rate_of(lambda key, lim=limiter, i=item: lim.hit(i, key), seconds,

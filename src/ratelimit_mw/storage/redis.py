@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from importlib.resources import files
 from typing import Any
 
@@ -15,7 +16,7 @@ from ..decision import Verdict
 from ..errors import StorageError
 from ..limit import ALGORITHM_NAMES, Hit
 from .base import Storage, decision_from, merge_hits
-from .keys import check_prefix, encode_part, redis_key
+from .keys import check_prefix, encode_part
 
 __all__ = ["RedisStorage", "decide_script_source"]
 
@@ -94,13 +95,13 @@ class RedisStorage(Storage):
         hits = merge_hits(hits)
         if not hits:
             return Verdict(True, ())
+        tag = f"{self.prefix}{{{encode_part(key)}}}:"
         keys = []
         args: list[str | int] = ["" if self._clock is None else round(self._clock() * 1_000_000)]
         for hit in hits:
             limit = hit.limit
-            keys.append(redis_key(self.prefix, key, hit.scope, limit.uid))
-            args += (limit.algorithm, limit.rate.amount, limit.rate.period_us, limit.capacity,
-                     hit.cost)
+            keys.append(f"{tag}{_scope_part(hit.scope)}:{limit.uid}")
+            args += (limit.algorithm, limit.amount, limit.period_us, limit.capacity, hit.cost)
         try:
             reply = await self._script(keys=keys, args=args)
         except _FAILURES as exc:
@@ -135,6 +136,12 @@ class RedisStorage(Storage):
     async def close(self) -> None:
         if self._owns_client:
             await self._client.aclose()
+
+
+@lru_cache(maxsize=4096)
+def _scope_part(scope: str) -> str:
+    """Scopes come from configuration (routes), so their encodings are worth caching."""
+    return encode_part(scope)
 
 
 def _glob_escape(text: str) -> str:
