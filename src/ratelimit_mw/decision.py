@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 from .limit import Limit
 
-__all__ = ["NEVER", "Decision", "Verdict"]
+__all__ = ["NEVER", "Decision", "Lease", "Verdict"]
 
 NEVER = math.inf
 """``retry_after`` of a request whose cost is larger than the limit can ever admit."""
@@ -41,11 +41,24 @@ class Decision(NamedTuple):
                 f"reset in {self.reset_after:g}s, retry in {self.retry_after:g}s")
 
 
+class Lease(NamedTuple):
+    """A concurrency slot held by an admitted request; give it back with ``release``."""
+
+    key: str
+    scope: str
+    uid: str
+    id: str
+
+
 class Verdict(NamedTuple):
-    """All the limits of one request, decided together: admitted only if all admit."""
+    """All the limits of one request, decided together: admitted only if all admit.
+
+    ``leases`` holds the concurrency slots the request took (empty when denied).
+    """
 
     allowed: bool
     decisions: tuple[Decision, ...]
+    leases: tuple[Lease, ...] = ()
 
     @property
     def retry_after(self) -> float:

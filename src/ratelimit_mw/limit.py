@@ -11,8 +11,11 @@ from .rates import Rate, parse_rate, parse_rates
 
 __all__ = ["ALGORITHM_NAMES", "AlgorithmName", "Hit", "Limit", "limits_from"]
 
-AlgorithmName = Literal["fixed_window", "sliding_log", "sliding_window", "token_bucket", "gcra"]
-ALGORITHM_NAMES: tuple[AlgorithmName, ...] = get_args(AlgorithmName)
+AlgorithmName = Literal[
+    "fixed_window", "sliding_log", "sliding_window", "token_bucket", "gcra", "concurrency"]
+ALGORITHM_NAMES: tuple[AlgorithmName, ...] = get_args(AlgorithmName)[:5]
+"""The five rate algorithms (``concurrency`` counts requests in flight, not a rate)."""
+_KNOWN: tuple[AlgorithmName, ...] = get_args(AlgorithmName)
 _BURSTABLE = ("token_bucket", "gcra")
 _ALIASES: dict[str, AlgorithmName] = {
     "fixed": "fixed_window",
@@ -26,10 +29,10 @@ def _algorithm(name: str) -> AlgorithmName:
     """Normalise an algorithm name (``-`` or ``_``, a few common aliases) or fail."""
     normal = str(name).strip().lower().replace("-", "_")
     normal = _ALIASES.get(normal, normal)
-    for known in ALGORITHM_NAMES:
+    for known in _KNOWN:
         if normal == known:
             return known
-    msg = f"unknown algorithm {name!r}; expected one of {', '.join(ALGORITHM_NAMES)}"
+    msg = f"unknown algorithm {name!r}; expected one of {', '.join(_KNOWN)}"
     raise ConfigError(msg)
 
 
@@ -88,6 +91,17 @@ class Limit:
         """Build one limit from a rate string such as ``"10/minute"``."""
         return cls(parse_rate(rate), _algorithm(algorithm), burst, name)
 
+    @classmethod
+    def concurrency(cls, capacity: int, *, lease: float = 30.0, name: str = "") -> Limit:
+        """At most ``capacity`` requests in flight; a slot not given back frees itself
+        after ``lease`` seconds (a worker that died mid-request)."""
+        return cls(Rate(capacity, lease), "concurrency", None, name or "concurrent")
+
+    @property
+    def is_concurrency(self) -> bool:
+        """True for a limit on requests in flight rather than a rate."""
+        return self.algorithm == "concurrency"
+
     @property
     def period(self) -> float:
         """The window (or refill period) in seconds."""
@@ -99,6 +113,8 @@ class Limit:
             f"{self.rate.amount}-per-{unit}-burst-{self.burst}")
 
     def __str__(self) -> str:
+        if self.is_concurrency:
+            return f"concurrency {self.capacity} (lease {self.rate.period:g}s)"
         text = f"{self.algorithm} {self.rate}"
         return f"{text} burst {self.burst}" if self.burst is not None else text
 

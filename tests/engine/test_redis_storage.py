@@ -59,13 +59,17 @@ async def test_one_command_per_decision_with_three_limits(
 async def test_every_key_has_a_ttl(storage: RedisStorage, raw: aioredis.Redis) -> None:
     """Nothing leaks: every key written has a TTL no longer than its window plus slack."""
     hits = [Hit(limit_for(name, "5/minute")) for name in ALGORITHM_NAMES]
+    hits.append(Hit(Limit.concurrency(10, lease=20)))
     for i in range(7):
-        await storage.decide(f"k{i % 3}", hits)
-    names = [name async for name in raw.scan_iter(match=storage.prefix + "*")]
-    assert len(names) == 3 * len(ALGORITHM_NAMES)
+        await storage.decide(f"k{i % 3}", hits, usage=True)
+    names = [name.decode() async for name in raw.scan_iter(match=storage.prefix + "*")]
+    assert len(names) == 3 * (len(ALGORITHM_NAMES) + 1 + 2)  # limits, slots, hour, day
     for name in names:
         ttl = await raw.pttl(name)
-        assert 0 < ttl <= 2 * 60_000 + 1_000, name
+        if ":u:" in name:
+            assert 0 < ttl <= 91 * 86_400_000, name
+        else:
+            assert 0 < ttl <= 2 * 60_000 + 1_000, name
 
 
 async def test_decides_on_the_redis_clock(

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..limit import AlgorithmName, Limit
-from . import fixed_window, gcra, sliding_log, sliding_window, token_bucket
+from . import concurrency, fixed_window, gcra, sliding_log, sliding_window, token_bucket
 from .base import NEVER_US, Outcome, Step
 
 __all__ = ["ALGORITHMS", "NEVER_US", "Algorithm", "Outcome", "Step", "decide"]
@@ -25,6 +25,7 @@ ALGORITHMS: dict[AlgorithmName, Algorithm] = {
     "sliding_window": sliding_window.decide,
     "token_bucket": token_bucket.decide,
     "gcra": gcra.decide,
+    "concurrency": concurrency.decide,
 }
 
 

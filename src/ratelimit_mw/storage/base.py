@@ -4,12 +4,48 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
-from ..decision import NEVER, Decision, Verdict
+from ..decision import NEVER, Decision, Lease, Verdict
+from ..errors import ConfigError
 from ..limit import Hit
 
-__all__ = ["Storage", "decision_from", "merge_hits"]
+__all__ = ["BUCKET_SECONDS", "Granularity", "Storage", "UsageRetention", "decision_from",
+           "merge_hits"]
+
+Granularity = Literal["hour", "day"]
+BUCKET_SECONDS: dict[Granularity, int] = {"hour": 3600, "day": 86400}
+
+
+class UsageRetention(NamedTuple):
+    """How many hourly and daily usage buckets are kept (default 7 days, 90 days)."""
+
+    hours: int = 7 * 24
+    days: int = 90
+
+    def buckets(self, granularity: Granularity) -> int:
+        return self.hours if granularity == "hour" else self.days
+
+    def check(self) -> UsageRetention:
+        for name, value in zip(("hours", "days"), self, strict=True):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                msg = f"usage retention {name} must be a positive integer, got {value!r}"
+                raise ConfigError(msg)
+        return self
+
+
+def bucket_range(
+    granularity: Granularity, start: float, end: float, now: float, retention: UsageRetention,
+) -> range:
+    """The bucket numbers to report: those overlapping [start, end], within retention."""
+    if granularity not in BUCKET_SECONDS:
+        msg = f"granularity must be 'hour' or 'day', got {granularity!r}"
+        raise ConfigError(msg)
+    size = BUCKET_SECONDS[granularity]
+    oldest = int(now // size) - retention.buckets(granularity) + 1
+    first = max(int(start // size), oldest)
+    last = min(int(end // size), int(now // size))
+    return range(first, last + 1)
 
 _new = tuple.__new__
 
@@ -24,12 +60,28 @@ class Storage(ABC):
     """
 
     @abstractmethod
-    async def decide(self, key: str, hits: Sequence[Hit]) -> Verdict:
-        """Consume every hit's cost if all of them admit the request; else nothing."""
+    async def decide(self, key: str, hits: Sequence[Hit], *, usage: bool = False) -> Verdict:
+        """Consume every hit's cost if all of them admit the request; else nothing.
+
+        Concurrency hits take a slot each, returned as ``Verdict.leases``; with
+        ``usage``, an admitted request is also counted in the hourly and daily usage
+        history, in the same atomic call.
+        """
 
     async def peek(self, key: str, hits: Sequence[Hit]) -> Verdict:
         """Look at the limits without consuming anything (for quota reports)."""
         return await self.decide(key, [Hit(hit.limit, 0, hit.scope) for hit in hits])
+
+    @abstractmethod
+    async def release(self, leases: Sequence[Lease]) -> None:
+        """Give concurrency slots back (at the end of the request that took them)."""
+
+    @abstractmethod
+    async def usage(
+        self, key: str, granularity: Granularity, start: float, end: float,
+    ) -> list[tuple[int, int]]:
+        """Admitted requests per hour or day bucket: ``(bucket start, count)`` pairs, in
+        epoch seconds, for the buckets overlapping ``[start, end]`` that are retained."""
 
     @abstractmethod
     async def reset(self, key: str) -> None:

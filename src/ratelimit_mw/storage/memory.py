@@ -2,21 +2,32 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..decision import Verdict
+from ..algorithms.concurrency import with_lease, without_lease
+from ..decision import Lease, Verdict
 from ..errors import ConfigError
 from ..limit import Hit
-from .base import Storage, decision_from, merge_hits
+from .base import (
+    BUCKET_SECONDS,
+    Granularity,
+    Storage,
+    UsageRetention,
+    bucket_range,
+    decision_from,
+    merge_hits,
+)
 
 __all__ = ["MemoryStorage"]
 
-_SWEEP = 4  # expired identities reclaimed per call, from the least recently used end
+_SWEEP = 4  # expired identities reclaimed per insert, from the least recently used end
 _new = tuple.__new__
 _NO_CELLS: dict[tuple[str, str], tuple[Any, int]] = {}
+_HOUR_US, _DAY_US = 3_600_000_000, 86_400_000_000
 
 
 def _wall_us() -> int:
@@ -27,19 +38,20 @@ def _wall_us() -> int:
 class _Entry:
     """All the counters of one identity, and when the last of them expires."""
 
-    __slots__ = ("cells", "expires")
+    __slots__ = ("cells", "expires", "usage")
 
     def __init__(self) -> None:
         self.cells: dict[tuple[str, str], tuple[Any, int]] = {}
         self.expires = 0
+        self.usage: dict[tuple[str, int], int] | None = None
 
 
 class MemoryStorage(Storage):
     """Counters in a dict, for one process (each worker process counts on its own).
 
     Decisions never await, so each is atomic on the event loop. Memory is bounded:
-    expired counters are reclaimed as calls pass, and beyond ``max_keys`` identities
-    the least recently used one is evicted.
+    expired counters are reclaimed as new identities arrive, and beyond ``max_keys``
+    identities the least recently used one is evicted (with its usage history).
 
     >>> import asyncio
     >>> from ratelimit_mw import Hit, Limit
@@ -48,19 +60,22 @@ class MemoryStorage(Storage):
     True
     """
 
-    __slots__ = ("_clock", "_keys", "_now", "max_keys")
+    __slots__ = ("_clock", "_keys", "_leases", "_now", "max_keys", "retention")
 
     def __init__(
         self, *, max_keys: int = 100_000, clock: Callable[[], float] | None = None,
+        usage_retention: UsageRetention = UsageRetention(),  # noqa: B008 - immutable
     ) -> None:
         if isinstance(max_keys, bool) or not isinstance(max_keys, int) or max_keys < 1:
             msg = f"max_keys must be a positive integer, got {max_keys!r}"
             raise ConfigError(msg)
         self.max_keys = max_keys
+        self.retention = UsageRetention(*usage_retention).check()
         self._clock = clock
         self._now: Callable[[], int] = (
             _wall_us if clock is None else lambda: round(clock() * 1_000_000))
         self._keys: OrderedDict[str, _Entry] = OrderedDict()
+        self._leases = itertools.count(1)
 
     def __repr__(self) -> str:
         return f"MemoryStorage(keys={len(self._keys)}, max_keys={self.max_keys})"
@@ -68,10 +83,10 @@ class MemoryStorage(Storage):
     def __len__(self) -> int:
         return len(self._keys)
 
-    async def decide(self, key: str, hits: Sequence[Hit]) -> Verdict:
-        return self.decide_now(key, hits)
+    async def decide(self, key: str, hits: Sequence[Hit], *, usage: bool = False) -> Verdict:
+        return self.decide_now(key, hits, usage=usage)
 
-    def decide_now(self, key: str, hits: Sequence[Hit]) -> Verdict:
+    def decide_now(self, key: str, hits: Sequence[Hit], *, usage: bool = False) -> Verdict:
         """The synchronous core of ``decide`` (the whole decision, without awaiting)."""
         now = self._now()
         keys = self._keys
@@ -93,16 +108,26 @@ class MemoryStorage(Storage):
             steps.append(step)
             if not step[0]:
                 allowed = False
+        leases: tuple[Lease, ...] = ()
         if allowed:
             for i, hit in enumerate(hits):
                 if hit.cost:
                     if entry is None:
                         entry = self._insert(key, now)
                     step = steps[i]
+                    state = step[4]
+                    if hit.limit.is_concurrency:
+                        lease = Lease(key, hit.scope, hit.limit.uid, str(next(self._leases)))
+                        leases = (*leases, lease)
+                        state = with_lease(state, now, hit.limit.period_us, lease.id)
                     expires = now + step[2]
-                    entry.cells[hit.slot] = (step[4], expires)
+                    entry.cells[hit.slot] = (state, expires)
                     if expires > entry.expires:
                         entry.expires = expires
+            if usage:
+                if entry is None:
+                    entry = self._insert(key, now)
+                self._count(entry, now)
         else:
             # Report what the admitted limits look like without this request's cost.
             for i, hit in enumerate(hits):
@@ -115,11 +140,28 @@ class MemoryStorage(Storage):
         if len(hits) == 1:
             step = steps[0]
             return _new(Verdict, (allowed, (
-                decision_from(hits[0], step[0], step[1], step[2], step[3]),)))
+                decision_from(hits[0], step[0], step[1], step[2], step[3]),), leases))
         return _new(Verdict, (allowed, tuple([
             decision_from(hit, step[0], step[1], step[2], step[3])
             for hit, step in zip(hits, steps, strict=True)
-        ])))
+        ]), leases))
+
+    def _count(self, entry: _Entry, now: int) -> None:
+        """Add one admitted request to the hour and day buckets of ``now``."""
+        counts = entry.usage
+        if counts is None:
+            counts = entry.usage = {}
+        hour, day = ("hour", now // _HOUR_US), ("day", now // _DAY_US)
+        counts[hour] = counts.get(hour, 0) + 1
+        counts[day] = counts.get(day, 0) + 1
+        if len(counts) > self.retention.hours + self.retention.days + 2:
+            oldest_hour = hour[1] - self.retention.hours
+            oldest_day = day[1] - self.retention.days
+            for bucket in [b for b in counts
+                           if b[1] <= (oldest_hour if b[0] == "hour" else oldest_day)]:
+                del counts[bucket]
+        # Usage outlives the counters: keep the identity as long as its history.
+        entry.expires = max(entry.expires, (day[1] + self.retention.days) * _DAY_US)
 
     def _insert(self, key: str, now: int) -> _Entry:
         self._reclaim(now)
@@ -138,6 +180,23 @@ class MemoryStorage(Storage):
             if keys[oldest].expires > now:
                 return
             del keys[oldest]
+
+    async def release(self, leases: Sequence[Lease]) -> None:
+        for lease in leases:
+            entry = self._keys.get(lease.key)
+            cell = entry.cells.get((lease.scope, lease.uid)) if entry is not None else None
+            if entry is not None and cell is not None:
+                entry.cells[(lease.scope, lease.uid)] = (without_lease(cell[0], lease.id), cell[1])
+
+    async def usage(
+        self, key: str, granularity: Granularity, start: float, end: float,
+    ) -> list[tuple[int, int]]:
+        now = self._now() / 1_000_000
+        buckets = bucket_range(granularity, start, end, now, self.retention)
+        entry = self._keys.get(key)
+        counts = entry.usage if entry is not None and entry.usage is not None else {}
+        size = BUCKET_SECONDS[granularity]
+        return [(n * size, counts.get((granularity, n), 0)) for n in buckets]
 
     async def reset(self, key: str) -> None:
         self._keys.pop(key, None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from importlib.resources import files
@@ -12,11 +13,19 @@ from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.commands.core import AsyncScript
 
-from ..decision import Verdict
+from ..decision import Lease, Verdict
 from ..errors import StorageError
 from ..limit import ALGORITHM_NAMES, Hit
-from .base import Storage, decision_from, merge_hits
-from .keys import check_prefix, encode_part
+from .base import (
+    BUCKET_SECONDS,
+    Granularity,
+    Storage,
+    UsageRetention,
+    bucket_range,
+    decision_from,
+    merge_hits,
+)
+from .keys import check_prefix, encode_part, redis_key
 
 __all__ = ["RedisStorage", "decide_script_source"]
 
@@ -28,7 +37,7 @@ _FAILURES = (redis_errors.RedisError, redis_errors.RedisClusterException, OSErro
 def decide_script_source() -> str:
     """The decision script: the prelude, one file per algorithm, then the driver."""
     lua = files("ratelimit_mw.storage") / "lua"
-    parts = ["prelude", *ALGORITHM_NAMES, "decide"]
+    parts = ["prelude", *ALGORITHM_NAMES, "concurrency", "decide"]
     return "\n".join((lua / f"{name}.lua").read_text(encoding="utf-8") for name in parts)
 
 
@@ -41,7 +50,7 @@ class RedisStorage(Storage):
     Errors are raised as ``StorageError``; what to do then is the caller's policy.
     """
 
-    __slots__ = ("_client", "_clock", "_owns_client", "_script", "prefix")
+    __slots__ = ("_client", "_clock", "_owns_client", "_script", "prefix", "retention")
 
     def __init__(
         self,
@@ -50,8 +59,10 @@ class RedisStorage(Storage):
         prefix: str = "ratelimit:",
         clock: Callable[[], float] | None = None,
         owns_client: bool = False,
+        usage_retention: UsageRetention = UsageRetention(),  # noqa: B008 - immutable
     ) -> None:
         self.prefix = check_prefix(prefix)
+        self.retention = UsageRetention(*usage_retention).check()
         self._client = client
         self._owns_client = owns_client
         # Tests only: decide on this clock instead of Redis's TIME, so that the
@@ -62,7 +73,9 @@ class RedisStorage(Storage):
     @classmethod
     def from_url(
         cls, url: str, *, prefix: str = "ratelimit:", timeout: float | None = None,
-        clock: Callable[[], float] | None = None, **options: Any,
+        clock: Callable[[], float] | None = None,
+        usage_retention: UsageRetention = UsageRetention(),  # noqa: B008 - immutable
+        **options: Any,
     ) -> RedisStorage:
         """Connect lazily to ``redis://`` or ``rediss://``; ``timeout`` bounds each call.
 
@@ -81,7 +94,8 @@ class RedisStorage(Storage):
             client = Redis.from_pool(pool)
         else:
             client = Redis.from_url(url, **options)
-        return cls(client, prefix=prefix, clock=clock, owns_client=True)
+        return cls(client, prefix=prefix, clock=clock, owns_client=True,
+                   usage_retention=usage_retention)
 
     @property
     def client(self) -> Redis:
@@ -91,26 +105,64 @@ class RedisStorage(Storage):
     def __repr__(self) -> str:
         return f"RedisStorage(prefix={self.prefix!r}, client={self._client!r})"
 
-    async def decide(self, key: str, hits: Sequence[Hit]) -> Verdict:
+    async def decide(self, key: str, hits: Sequence[Hit], *, usage: bool = False) -> Verdict:
         hits = merge_hits(hits)
-        if not hits:
+        if not hits and not usage:
             return Verdict(True, ())
         tag = f"{self.prefix}{{{encode_part(key)}}}:"
         keys = []
-        args: list[str | int] = ["" if self._clock is None else round(self._clock() * 1_000_000)]
+        lease_id = ""
+        args: list[str | int] = [
+            "" if self._clock is None else round(self._clock() * 1_000_000), "",
+            f"{self.retention.hours},{self.retention.days}" if usage else ""]
         for hit in hits:
             limit = hit.limit
             keys.append(f"{tag}{_scope_part(hit.scope)}:{limit.uid}")
             args += (limit.algorithm, limit.amount, limit.period_us, limit.capacity, hit.cost)
+            if limit.is_concurrency and hit.cost and not lease_id:
+                lease_id = args[1] = secrets.token_hex(8)
+        if usage:
+            keys.append(f"{tag}u:")
         try:
             reply = await self._script(keys=keys, args=args)
         except _FAILURES as exc:
             msg = f"redis could not decide for {len(hits)} limit(s): {exc}"
             raise StorageError(msg) from exc
-        return Verdict(bool(reply[0]), tuple(
+        allowed = bool(reply[0])
+        leases = tuple(
+            Lease(key, hit.scope, hit.limit.uid, lease_id) for hit in hits
+            if hit.limit.is_concurrency and hit.cost
+        ) if allowed and lease_id else ()
+        return Verdict(allowed, tuple(
             decision_from(hit, bool(reply[i]), reply[i + 1], reply[i + 2], reply[i + 3])
             for hit, i in zip(hits, range(1, len(reply), 4), strict=True)
-        ))
+        ), leases)
+
+    async def release(self, leases: Sequence[Lease]) -> None:
+        try:
+            for lease in leases:
+                name = redis_key(self.prefix, lease.key, lease.scope, lease.uid)
+                await self._client.zrem(name, lease.id)
+        except _FAILURES as exc:
+            msg = f"redis could not release {len(leases)} slot(s): {exc}"
+            raise StorageError(msg) from exc
+
+    async def usage(
+        self, key: str, granularity: Granularity, start: float, end: float,
+    ) -> list[tuple[int, int]]:
+        try:
+            seconds, micros = await self._client.time()
+            now = seconds + micros / 1_000_000 if self._clock is None else self._clock()
+            buckets = bucket_range(granularity, start, end, now, self.retention)
+            if not buckets:
+                return []
+            tag = f"{self.prefix}{{{encode_part(key)}}}:u:{granularity[0]}:"
+            counts = await self._client.mget([f"{tag}{n}" for n in buckets])
+        except _FAILURES as exc:
+            msg = f"redis could not read the usage of {key!r}: {exc}"
+            raise StorageError(msg) from exc
+        size = BUCKET_SECONDS[granularity]
+        return [(n * size, int(count or 0)) for n, count in zip(buckets, counts, strict=True)]
 
     async def reset(self, key: str) -> None:
         pattern = _glob_escape(f"{self.prefix}{{{encode_part(key)}}}:") + "*"

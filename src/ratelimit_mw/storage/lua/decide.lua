@@ -1,10 +1,14 @@
 -- units: time in microseconds, amounts in requests.
--- Decides every limit of one request at once: KEYS[i] is the counter of hit i;
+-- Decides every limit of one request at once: KEYS[i] is the counter of hit i; with
+-- usage, one more key is the prefix of the usage buckets (same hash tag, same slot).
 -- ARGV[1] is empty (use Redis's clock) or a time in microseconds (tests only: lets the
--- differential tests drive Redis on simulated time); then five values per hit:
--- algorithm, amount, period, capacity, cost. Nothing is written unless every hit admits.
+-- differential tests drive Redis on simulated time); ARGV[2] the lease id a
+-- concurrency hit takes; ARGV[3] the usage retention "hours,days" or empty (no usage);
+-- then five values per hit: algorithm, amount, period, capacity, cost.
+-- Nothing is written unless every hit admits.
 -- Reply: {all admitted (1/0), then per hit: admitted (1/0), remaining, reset, retry}.
 local SLACK_MS = 1000
+local HOUR, DAY = 3600000000, 86400000000
 local now
 if ARGV[1] ~= "" then
   now = tonumber(ARGV[1])
@@ -12,12 +16,13 @@ else
   local t = redis.call("TIME")
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
+LEASE = ARGV[2]
 
-local n = #KEYS
+local n = (#ARGV - 3) / 5
 local steps = {}
 local admitted = true
 for i = 1, n do
-  local j = 2 + (i - 1) * 5
+  local j = 4 + (i - 1) * 5
   local algorithm = ALGORITHMS[ARGV[j]]
   local amount, period = tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
   local capacity, cost = tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4])
@@ -41,5 +46,18 @@ for i = 1, n do
   reply[#reply + 1] = s[2]
   reply[#reply + 1] = s[3]
   reply[#reply + 1] = s[4]
+end
+
+if admitted and ARGV[3] ~= "" then
+  -- Usage history: one counter per hour and per day, each kept for its retention.
+  local comma = string.find(ARGV[3], ",")
+  local hours, days = tonumber(string.sub(ARGV[3], 1, comma - 1)),
+    tonumber(string.sub(ARGV[3], comma + 1))
+  local hour, day = idiv(now, HOUR), idiv(now, DAY)
+  local hour_key, day_key = KEYS[n + 1] .. "h:" .. fmt(hour), KEYS[n + 1] .. "d:" .. fmt(day)
+  redis.call("INCR", hour_key)
+  redis.call("PEXPIRE", hour_key, math.ceil(((hour + hours) * HOUR - now) / 1000))
+  redis.call("INCR", day_key)
+  redis.call("PEXPIRE", day_key, math.ceil(((day + days) * DAY - now) / 1000))
 end
 return reply

@@ -22,3 +22,4 @@ end
 
 local NEVER = -1
 local ALGORITHMS = {}
+local LEASE = ""  -- set by the driver: the id of the slot a concurrency hit takes

@@ -1,0 +1,42 @@
+"""Concurrency: at most ``capacity`` requests in flight, each holding a leased slot.
+
+State: a tuple of ``(expires_us, lease_id)`` sorted by expiry. A slot is given back
+when its request ends (the storage removes the lease) or, if its worker died, when
+its lease expires. The decision leaves the new lease to the storage, which names it.
+"""
+
+from __future__ import annotations
+
+from .base import NEVER_US, Outcome
+
+State = tuple[tuple[int, str], ...]
+
+RETRY_HINT_US = 1_000_000
+"""A slot may free up at any moment; a denied request is told to retry within 1 s
+(or when the oldest lease expires, if sooner)."""
+
+
+def decide(
+    state: State | None, now: int, amount: int, period: int, capacity: int, cost: int,
+) -> Outcome:
+    """Admit ``cost`` (1, or 0 to look) requests if that many slots are free."""
+    live = tuple(lease for lease in state if lease[0] > now) if state else ()
+    in_flight = len(live)
+    reset = live[-1][0] - now if live else 0
+    if cost > capacity:
+        return (False, capacity - in_flight, reset, NEVER_US, live)
+    if in_flight + cost > capacity:
+        return (False, capacity - in_flight, reset, min(live[0][0] - now, RETRY_HINT_US), live)
+    if not cost:
+        return (True, capacity - in_flight, reset, 0, live)
+    return (True, capacity - in_flight - cost, max(reset, period), 0, live)
+
+
+def with_lease(live: State, now: int, period: int, lease_id: str) -> State:
+    """The state after an admitted request took the slot named ``lease_id``."""
+    return (*live, (now + period, lease_id))
+
+
+def without_lease(state: State, lease_id: str) -> State:
+    """The state after the request holding ``lease_id`` gave its slot back."""
+    return tuple(lease for lease in state if lease[1] != lease_id)

@@ -1,0 +1,29 @@
+-- units: time in microseconds, amounts in requests. Twin of algorithms/concurrency.py.
+-- State: sorted set of leases, member = lease id, score = when the lease expires.
+-- LEASE (from the driver) names the slot an admitted request takes.
+local CONCURRENCY_RETRY_HINT = 1000000
+ALGORITHMS.concurrency = function(key, now, amount, period, capacity, cost)
+  local after = "(" .. fmt(now)
+  local in_flight = redis.call("ZCOUNT", key, after, "+inf")
+  local reset = 0
+  if in_flight > 0 then
+    local latest = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")
+    reset = tonumber(latest[2]) - now
+  end
+  if cost > capacity then
+    return false, capacity - in_flight, reset, NEVER
+  end
+  if in_flight + cost > capacity then
+    local oldest = redis.call("ZRANGEBYSCORE", key, after, "+inf", "WITHSCORES", "LIMIT", 0, 1)
+    return false, capacity - in_flight, reset,
+      math.min(tonumber(oldest[2]) - now, CONCURRENCY_RETRY_HINT)
+  end
+  if cost == 0 then
+    return true, capacity - in_flight, reset, 0
+  end
+  return true, capacity - in_flight - cost, math.max(reset, period), 0, function(ttl_ms)
+    redis.call("ZREMRANGEBYSCORE", key, "-inf", fmt(now))
+    redis.call("ZADD", key, fmt(now + period), LEASE)
+    redis.call("PEXPIRE", key, ttl_ms)
+  end
+end
