@@ -88,7 +88,9 @@ async def test_usage_counts_admitted_requests_per_hour_and_day(
     assert await storage.usage("nobody", "day", start, start) == [(int(start), 0)]
 
 
-async def test_usage_keeps_only_its_retention(make_storage: StorageFactory, clock: FakeClock) -> None:
+async def test_usage_keeps_only_its_retention(
+    make_storage: StorageFactory, clock: FakeClock,
+) -> None:
     """Buckets older than the retention are not reported."""
     storage = make_storage(clock=clock, usage_retention=UsageRetention(hours=2, days=3))
     clock.now = 1_800_000_000 - 1_800_000_000 % DAY
