@@ -12,9 +12,12 @@ from .rates import Rate, parse_rate, parse_rates
 __all__ = ["ALGORITHM_NAMES", "AlgorithmName", "Hit", "Limit", "limits_from"]
 
 AlgorithmName = Literal[
-    "fixed_window", "sliding_log", "sliding_window", "token_bucket", "gcra", "concurrency"]
+    "fixed_window", "sliding_log", "sliding_window", "token_bucket", "gcra", "concurrency",
+    "calendar_month"]
 ALGORITHM_NAMES: tuple[AlgorithmName, ...] = get_args(AlgorithmName)[:5]
-"""The five rate algorithms (``concurrency`` counts requests in flight, not a rate)."""
+"""The five rate algorithms. Besides them: ``concurrency`` counts requests in flight,
+and ``calendar_month`` is a fixed window over UTC calendar months (rate ``N/month``)."""
+_MONTH = 30 * 86400
 _KNOWN: tuple[AlgorithmName, ...] = get_args(AlgorithmName)
 _BURSTABLE = ("token_bucket", "gcra")
 _ALIASES: dict[str, AlgorithmName] = {
@@ -71,6 +74,10 @@ class Limit:
             if isinstance(self.burst, bool) or not isinstance(self.burst, int) or self.burst < 1:
                 msg = f"burst must be a positive integer, got {self.burst!r}"
                 raise ConfigError(msg)
+        if self.algorithm == "calendar_month" and self.rate.period != _MONTH:
+            msg = (f"calendar_month counts per calendar month; write the rate as "
+                   f"'{self.rate.amount}/month', not {str(self.rate)!r}")
+            raise ConfigError(msg)
         capacity = self.burst if self.burst is not None else self.rate.amount
         object.__setattr__(self, "amount", self.rate.amount)
         object.__setattr__(self, "capacity", capacity)
@@ -96,6 +103,11 @@ class Limit:
         """At most ``capacity`` requests in flight; a slot not given back frees itself
         after ``lease`` seconds (a worker that died mid-request)."""
         return cls(Rate(capacity, lease), "concurrency", None, name or "concurrent")
+
+    @classmethod
+    def monthly(cls, amount: int, *, name: str = "") -> Limit:
+        """``amount`` requests per UTC calendar month, reset on the 1st at 00:00."""
+        return cls(Rate(amount, _MONTH), "calendar_month", None, name or "monthly")
 
     @property
     def is_concurrency(self) -> bool:

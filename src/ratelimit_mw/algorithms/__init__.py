@@ -10,7 +10,15 @@ from collections.abc import Callable
 from typing import Any
 
 from ..limit import AlgorithmName, Limit
-from . import concurrency, fixed_window, gcra, sliding_log, sliding_window, token_bucket
+from . import (
+    calendar_month,
+    concurrency,
+    fixed_window,
+    gcra,
+    sliding_log,
+    sliding_window,
+    token_bucket,
+)
 from .base import NEVER_US, Outcome, Step
 
 __all__ = ["ALGORITHMS", "NEVER_US", "Algorithm", "Outcome", "Step", "decide"]
@@ -26,6 +34,7 @@ ALGORITHMS: dict[AlgorithmName, Algorithm] = {
     "token_bucket": token_bucket.decide,
     "gcra": gcra.decide,
     "concurrency": concurrency.decide,
+    "calendar_month": calendar_month.decide,
 }
 
 

@@ -16,8 +16,14 @@ def decide(
 ) -> Outcome:
     """Admit ``cost`` units at ``now`` if the current window has room."""
     start = now - now % period
+    return in_window(state, now, start, start + period, limit, cost)
+
+
+def in_window(
+    state: State | None, now: int, start: int, end: int, limit: int, cost: int,
+) -> Outcome:
+    """Admit ``cost`` units if the window ``[start, end)`` holding ``now`` has room."""
     count = state[1] if state is not None and state[0] == start else 0
-    end = start + period
     if cost > limit:
         return (False, limit - count, end - now if count else 0, NEVER_US, state)
     if count + cost > limit:

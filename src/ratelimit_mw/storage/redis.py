@@ -37,7 +37,7 @@ _FAILURES = (redis_errors.RedisError, redis_errors.RedisClusterException, OSErro
 def decide_script_source() -> str:
     """The decision script: the prelude, one file per algorithm, then the driver."""
     lua = files("ratelimit_mw.storage") / "lua"
-    parts = ["prelude", *ALGORITHM_NAMES, "concurrency", "decide"]
+    parts = ["prelude", *ALGORITHM_NAMES, "concurrency", "calendar_month", "decide"]
     return "\n".join((lua / f"{name}.lua").read_text(encoding="utf-8") for name in parts)
 
 

@@ -1,9 +1,6 @@
 -- units: time in microseconds, amounts in requests. Twin of algorithms/fixed_window.py.
 -- State: hash {w = window start, c = count}.
-ALGORITHMS.fixed_window = function(key, now, amount, period, capacity, cost)
-  local limit = amount
-  local start = now - imod(now, period)
-  local finish = start + period
+local function fw_in_window(key, now, start, finish, limit, cost)
   local count = 0
   local saved = redis.call("HMGET", key, "w", "c")
   if saved[1] and tonumber(saved[1]) == start then
@@ -26,4 +23,9 @@ ALGORITHMS.fixed_window = function(key, now, amount, period, capacity, cost)
     redis.call("HSET", key, "w", fmt(start), "c", fmt(used))
     redis.call("PEXPIRE", key, ttl_ms)
   end
+end
+
+ALGORITHMS.fixed_window = function(key, now, amount, period, capacity, cost)
+  local start = now - imod(now, period)
+  return fw_in_window(key, now, start, start + period, amount, cost)
 end
