@@ -1,6 +1,7 @@
 """Polite clients for rate-limited HTTP APIs: a retrying httpx transport and a token bucket.
 
-Needs only httpx; nothing here imports the server side of ratelimit_mw.
+Needs only httpx; nothing here imports the server side of ratelimit_mw (only its
+dependency-free circuit breaker, for ``RetryTransport(breaker=...)``).
 
 >>> from ratelimit_mw.client import RetryPolicy, RetryTransport, TokenBucket
 >>> transport = RetryTransport(
@@ -32,13 +33,14 @@ from ._hints import (
 from ._policy import RETRY_METHODS, RETRY_STATUSES, RetryPolicy
 from ._retry_after import parse_retry_after
 from ._testing import is_testing, set_testing
-from ._transport import RETRY_ERRORS, RetryTransport
+from ._transport import RETRY_ERRORS, CircuitOpenTransportError, RetryTransport
 
 __all__ = [
     "DEFAULT_HINTS",
     "RETRY_ERRORS",
     "RETRY_METHODS",
     "RETRY_STATUSES",
+    "CircuitOpenTransportError",
     "GiveUpReason",
     "HintParser",
     "Quota",

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 
+from ..breaker import CircuitBreaker, CircuitOpenError, CircuitState, Permit
 from ._backoff import full_jitter
 from ._bucket import TokenBucket
 from ._budget import RetryBudget
@@ -20,7 +21,7 @@ from ._hints import read_quota
 from ._policy import RetryPolicy
 from ._testing import is_testing
 
-__all__ = ["RETRY_ERRORS", "RetryTransport"]
+__all__ = ["RETRY_ERRORS", "CircuitOpenTransportError", "RetryTransport"]
 
 logger = logging.getLogger("ratelimit_mw.client")
 
@@ -30,6 +31,28 @@ RETRY_ERRORS: tuple[type[httpx.TransportError], ...] = (
     httpx.RemoteProtocolError,
 )
 """Connection and timeout errors worth another attempt (for a replayable request)."""
+
+
+class CircuitOpenTransportError(httpx.TransportError, CircuitOpenError):
+    """The transport's circuit breaker refused the attempt: no request was sent.
+
+    Both an ``httpx.TransportError`` (so ``except httpx.HTTPError`` sees it) and
+    the breaker's `CircuitOpenError`; ``remaining`` is the cooldown left, in
+    seconds (0.0 when the breaker is half-open with every trial slot taken).
+    """
+
+    def __init__(
+        self,
+        remaining: float,
+        name: str = "circuit",
+        state: CircuitState = CircuitState.OPEN,
+        *,
+        request: httpx.Request | None = None,
+    ) -> None:
+        # httpx's __init__ chain would hand the message to CircuitOpenError as
+        # ``remaining``: build the breaker error, then set what httpx expects.
+        CircuitOpenError.__init__(self, remaining, name, state)
+        self._request = request
 
 
 class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
@@ -60,6 +83,12 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
 
     One request with other settings:
     ``client.post(url, json=order, extensions={"retry": {"add_idempotency_key": True}})``.
+
+    With a ``breaker``, every attempt asks it first: while it refuses, the
+    request fails fast with `CircuitOpenTransportError` and nothing is sent.
+    5xx responses and ``RETRY_ERRORS`` count as failures, other responses as
+    successes, other exceptions as the breaker's ``failure_exceptions`` say.
+    A retry that the breaker would still refuse after the wait is not waited for.
     """
 
     def __init__(
@@ -69,6 +98,7 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
         policy: RetryPolicy | None = None,
         retry_budget: RetryBudget | None = None,
         limiter: TokenBucket | None = None,
+        breaker: CircuitBreaker | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
@@ -78,6 +108,7 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
         self.policy = policy if policy is not None else RetryPolicy()
         self.retry_budget = retry_budget
         self.limiter = limiter
+        self.breaker = breaker
         self._given = transport
         self._sync: httpx.BaseTransport | None = None
         self._async: httpx.AsyncBaseTransport | None = None
@@ -101,20 +132,32 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
             request.read()
         state.check_replayable()
         while True:
+            permit = state.permit()
             if self.limiter is not None:
-                self.limiter.acquire_sync()
+                try:
+                    self.limiter.acquire_sync()
+                except BaseException:
+                    state.release(permit)
+                    raise
             try:
                 response = inner.handle_request(request)
             except RETRY_ERRORS as exc:
+                state.record(permit, exc)
                 if (wait := state.after_error(exc)) is None:
                     raise
+                state.check_breaker(wait, exc)
+            except BaseException as exc:
+                state.record(permit, exc)
+                raise
             else:
+                state.record(permit, response)
                 if (wait := state.after_response(response)) is None:
                     if state.should_raise(response):
                         response.close()
                         raise state.exhausted(response) from None
                     return response
                 response.close()
+                state.check_breaker(wait, None)
             if not is_testing():
                 self._sleep(wait)
 
@@ -126,20 +169,32 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
             await request.aread()
         state.check_replayable()
         while True:
+            permit = state.permit()
             if self.limiter is not None:
-                await self.limiter.acquire()
+                try:
+                    await self.limiter.acquire()
+                except BaseException:
+                    state.release(permit)
+                    raise
             try:
                 response = await inner.handle_async_request(request)
             except RETRY_ERRORS as exc:
+                state.record(permit, exc)
                 if (wait := state.after_error(exc)) is None:
                     raise
+                state.check_breaker(wait, exc)
+            except BaseException as exc:
+                state.record(permit, exc)
+                raise
             else:
+                state.record(permit, response)
                 if (wait := state.after_response(response)) is None:
                     if state.should_raise(response):
                         await response.aclose()
                         raise state.exhausted(response) from None
                     return response
                 await response.aclose()
+                state.check_breaker(wait, None)
             if not is_testing():
                 await self._async_sleep(wait)
 
@@ -198,6 +253,47 @@ class _Attempts:
         ):
             # Set once, so every attempt carries the same key.
             request.headers["Idempotency-Key"] = str(uuid.uuid4())
+
+    def permit(self) -> Permit | None:
+        """Ask the breaker, if any, for leave to send one attempt; raise if it refuses."""
+        breaker = self._transport.breaker
+        if breaker is None:
+            return None
+        permit = breaker.try_acquire()
+        if permit is None:
+            raise self._refused(breaker)
+        return permit
+
+    def release(self, permit: Permit | None) -> None:
+        """Give back an unused permit: the attempt was never sent."""
+        if permit is not None:
+            permit.release()
+
+    def record(self, permit: Permit | None, outcome: httpx.Response | BaseException) -> None:
+        """Tell the breaker how an attempt went: 5xx and connection errors are failures."""
+        if permit is None:
+            return
+        if isinstance(outcome, httpx.Response):
+            if outcome.status_code >= 500:
+                permit.record_failure()
+            else:
+                permit.record_success()
+        elif isinstance(outcome, RETRY_ERRORS):
+            permit.record_failure()
+        else:
+            permit.record_exception(outcome)  # the breaker's rules; a cancellation frees the slot
+
+    def check_breaker(self, wait: float, error: BaseException | None) -> None:
+        """Fail now rather than wait for a retry the open breaker would refuse anyway."""
+        breaker = self._transport.breaker
+        if breaker is not None and breaker.remaining_cooldown > wait:
+            raise self._refused(breaker) from error
+
+    def _refused(self, breaker: CircuitBreaker) -> CircuitOpenTransportError:
+        state = breaker.state
+        return CircuitOpenTransportError(
+            breaker.remaining_cooldown, breaker.name, state, request=self.request
+        )
 
     def check_replayable(self) -> None:
         """Decide once, before the first attempt, whether this request may be sent again."""

@@ -1,0 +1,195 @@
+"""Answer 503 at once while a circuit breaker rests, instead of calling the route.
+
+`BreakerGuard` wraps an ASGI app (a whole app as middleware, a ``Mount``, or one
+route's endpoint); `breaker_dependency` is the same check as a FastAPI dependency.
+The 503 carries ``Retry-After``: the breaker's remaining cooldown rounded up
+(at least 1), or 1 while it is half-open with every trial slot taken.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .breaker import CircuitBreaker, CircuitOpenError, CircuitState
+from .errors import ConfigError
+
+__all__ = ["BreakerGuard", "breaker_dependency", "unavailable_response"]
+
+
+def _retry_after(remaining: float, state: CircuitState) -> int:
+    """Whole seconds to wait: the cooldown rounded up, never 0; 1 when half-open."""
+    if state is not CircuitState.OPEN:
+        return 1
+    return max(1, math.ceil(remaining))
+
+
+def _refusal(breaker: CircuitBreaker) -> CircuitOpenError | None:
+    """The error for a call the breaker refuses right now, or None if it would admit one.
+
+    A trial slot taken to ask is given back at once, so asking never uses one up.
+    """
+    permit = breaker.try_acquire()
+    if permit is not None:
+        permit.release()
+        return None
+    return CircuitOpenError(breaker.remaining_cooldown, breaker.name, breaker.state)
+
+
+def _body(error: CircuitOpenError) -> tuple[dict[str, object], dict[str, str]]:
+    """The JSON body and headers of the 503 for ``error``."""
+    seconds = _retry_after(error.remaining, error.state)
+    if error.state is CircuitState.OPEN:
+        message = f"A service this endpoint depends on is failing; retry in {seconds}s."
+    else:
+        message = "A service this endpoint depends on is recovering; retry in a second."
+    content: dict[str, object] = {
+        "error": "service_unavailable",
+        "message": message,
+        "retry_after_seconds": seconds,
+        "circuit": error.name,
+        "circuit_state": str(error.state),
+    }
+    return content, {"Retry-After": str(seconds), "Cache-Control": "no-store"}
+
+
+def unavailable_response(error: CircuitOpenError) -> JSONResponse:
+    """The 503 answer for a refused call: JSON body, ``Retry-After``, ``no-store``.
+
+    Usable as a Starlette/FastAPI exception handler body::
+
+        app.add_exception_handler(CircuitOpenError, lambda request, exc: unavailable_response(exc))
+    """
+    content, headers = _body(error)
+    return JSONResponse(content, status_code=503, headers=headers)
+
+
+class BreakerGuard:
+    """ASGI wrapper that refuses requests with a 503 while ``breaker`` refuses calls.
+
+    With ``record=True`` (the default) the wrapped app *is* the protected call:
+    each request takes a permit, a response with status >= ``failure_status``
+    or an exception counts as a failure, anything else as a success, and a
+    client that goes away frees the permit. With ``record=False`` the guard only
+    looks: the code that calls the dependency records through the same breaker
+    (``await breaker.call(...)``), and the guard spares the handler while it
+    rests. Either way a `CircuitOpenError` that escapes the app before the
+    response started becomes the same 503 (install the guard as middleware for
+    that: a Starlette app wrapped whole answers its own errors with a 500 first).
+
+    >>> from starlette.applications import Starlette
+    >>> from starlette.middleware import Middleware
+    >>> db = CircuitBreaker(name="db", cooldown=30)
+    >>> app = Starlette(middleware=[Middleware(BreakerGuard, breaker=db)])
+    """
+
+    __slots__ = ("app", "breaker", "failure_status", "record")
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        breaker: CircuitBreaker,
+        *,
+        record: bool = True,
+        failure_status: int = 500,
+    ) -> None:
+        if not isinstance(breaker, CircuitBreaker):
+            msg = f"breaker must be a CircuitBreaker, got {breaker!r}"
+            raise TypeError(msg)
+        if isinstance(failure_status, bool) or not isinstance(failure_status, int) or not (
+            100 <= failure_status <= 599
+        ):
+            msg = f"failure_status must be an HTTP status from 100 to 599, got {failure_status!r}"
+            raise ConfigError(msg)
+        self.app = app
+        self.breaker = breaker
+        self.record = record
+        self.failure_status = failure_status
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        breaker = self.breaker
+        if not self.record:
+            refusal = _refusal(breaker)
+            if refusal is not None:
+                await unavailable_response(refusal)(scope, receive, send)
+                return
+            await self._call_app(scope, receive, send, lambda status: None)
+            return
+
+        permit = breaker.try_acquire()
+        if permit is None:
+            error = CircuitOpenError(breaker.remaining_cooldown, breaker.name, breaker.state)
+            await unavailable_response(error)(scope, receive, send)
+            return
+
+        def on_status(status: int) -> None:
+            if status >= self.failure_status:
+                permit.record_failure()
+            else:
+                permit.record_success()
+
+        try:
+            await self._call_app(scope, receive, send, on_status)
+        except CircuitOpenError:
+            permit.release()  # another breaker refused inside: not this route's failure
+            raise
+        except BaseException as exc:
+            permit.record_exception(exc)  # a cancellation (client gone) only frees the slot
+            raise
+        finally:
+            permit.release()  # the app ended without a response: nothing to count
+
+    async def _call_app(
+        self, scope: Scope, receive: Receive, send: Send, on_status: Callable[[int], None]
+    ) -> None:
+        """Run the app, reporting the response status, and turn a refusal inside into a 503."""
+        started = False
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                on_status(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except CircuitOpenError as exc:
+            if started:
+                raise
+            await unavailable_response(exc)(scope, receive, send)
+
+
+def breaker_dependency(breaker: CircuitBreaker) -> Callable[[], Awaitable[None]]:
+    """A FastAPI dependency that answers 503 while ``breaker`` refuses calls.
+
+    It only looks (no trial slot is held): record outcomes where the dependency
+    is called, through the breaker. The 503 is raised as an ``HTTPException``,
+    so FastAPI's handler answers ``{"detail": {...}}`` with ``Retry-After``::
+
+        db = CircuitBreaker(name="db")
+
+        @app.get("/orders", dependencies=[Depends(breaker_dependency(db))])
+        async def orders() -> list[Order]:
+            return await db.call(fetch_orders)
+    """
+    if not isinstance(breaker, CircuitBreaker):
+        msg = f"breaker must be a CircuitBreaker, got {breaker!r}"
+        raise TypeError(msg)
+
+    async def check_circuit() -> None:
+        refusal = _refusal(breaker)
+        if refusal is not None:
+            content, headers = _body(refusal)
+            raise HTTPException(503, detail=content, headers=headers)  # type: ignore[arg-type]
+
+    check_circuit.__name__ = f"check_circuit_{breaker.name}"
+    return check_circuit

@@ -1,0 +1,339 @@
+"""IdempotencyMiddleware: a retried POST gets the first answer again instead of a second run."""
+
+from __future__ import annotations
+
+import fnmatch
+import inspect
+import logging
+import math
+import re
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import anyio
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..errors import ConfigError, StorageError
+from .fingerprint import fingerprint, record_key
+from .header import InvalidKeyError, parse_idempotency_key
+from .memory import MemoryIdempotencyStore
+from .store import IdempotencyStore, StoredResponse
+
+__all__ = ["IdempotencyMiddleware", "IdentityFunc", "default_identity"]
+
+IdentityFunc = Callable[[Scope], "str | Awaitable[str | None] | None"]
+
+_log = logging.getLogger("ratelimit_mw.idempotency")
+_MiB = 1024 * 1024
+_REPLAYED = (b"x-idempotent-replayed", b"true")
+
+
+def default_identity(scope: Scope) -> str:
+    """The caller: its ``X-API-Key`` header if any, else its IP address."""
+    keys = [value for name, value in scope["headers"] if name == b"x-api-key"]
+    if keys:
+        return "api-key:" + b",".join(keys).decode("latin-1")
+    client = scope.get("client")
+    return f"ip:{client[0]}" if client else "anonymous"
+
+
+class _BodyTooLargeError(Exception):
+    """The request body is over ``max_request_size``."""
+
+
+def _answer(status: int, error: str, message: str, **headers: str) -> JSONResponse:
+    """One of the middleware's own answers; they are never stored."""
+    headers["Cache-Control"] = "no-store"
+    return JSONResponse({"error": error, "message": message}, status_code=status, headers=headers)
+
+
+def _positive(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+        0 < value < math.inf
+    ):
+        msg = f"{name} must be a positive number of seconds, got {value!r}"
+        raise ConfigError(msg)
+    return float(value)
+
+
+def _size(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        msg = f"{name} must be a whole number of bytes >= 0, got {value!r}"
+        raise ConfigError(msg)
+    return value
+
+
+class IdempotencyMiddleware:
+    """Run each POST/PATCH with an ``Idempotency-Key`` once; replay its response after.
+
+    The key is scoped to the caller (``identity(scope)``: by default the
+    ``X-API-Key`` header, else the client IP; ``None`` turns idempotency off for
+    that request) and paired with a SHA-256 fingerprint of method, path, query
+    and body. Then, for the same caller and key:
+
+    - first request: it runs, and its complete response (status < 500, one body
+      chunk of at most ``max_response_size`` bytes) is kept for ``ttl`` seconds;
+    - later, same request: that response again, with ``X-Idempotent-Replayed: true``;
+    - while the first still runs: 409, the handler is not run. The lock is a lease
+      of ``lock_ttl`` seconds, so a crashed worker frees its keys by itself: make
+      it longer than your slowest handler;
+    - a different request (fingerprint): 422;
+    - a handler that raises, answers 5xx or streams (more than one body chunk, or
+      too big a body) stores nothing and frees the key, so the next attempt runs.
+      A request that ends without a full response (the client went away and the
+      handler stopped) frees the key too; a handler that finishes anyway has its
+      response kept, because the work was done and must not be repeated.
+
+    A missing key where ``required`` says one is needed, an empty one, one over
+    255 characters or not printable ASCII: 400. ``required`` holds path patterns
+    (``fnmatch``: ``"/payments"``, ``"/orders/*"``), optionally with a method
+    (``"POST /orders/*"``). GET, HEAD and other methods not in ``methods`` pass
+    through untouched, key or not. The middleware's own 400/409/413/422/503
+    answers are never stored.
+
+    The body is read whole to fingerprint it (then handed to the app
+    unchanged); over ``max_request_size`` bytes the answer is 413 and the
+    handler is not run: a keyed request is idempotent or refused, never
+    silently not idempotent. When the store fails the answer is 503, unless
+    ``fail_open=True`` runs the request without idempotency.
+
+    >>> from starlette.applications import Starlette
+    >>> from starlette.middleware import Middleware
+    >>> app = Starlette(middleware=[Middleware(IdempotencyMiddleware, required=["/payments"])])
+    """
+
+    __slots__ = (
+        "_identity",
+        "_required",
+        "app",
+        "fail_open",
+        "lock_ttl",
+        "max_request_size",
+        "max_response_size",
+        "methods",
+        "store",
+        "ttl",
+    )
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        store: IdempotencyStore | None = None,
+        ttl: float = 24 * 60 * 60,
+        lock_ttl: float = 60.0,
+        methods: Iterable[str] = ("POST", "PATCH"),
+        required: Iterable[str] = (),
+        identity: IdentityFunc = default_identity,
+        max_request_size: int = _MiB,
+        max_response_size: int = _MiB,
+        fail_open: bool = False,
+    ) -> None:
+        if store is not None and not isinstance(store, IdempotencyStore):
+            msg = f"store must be an IdempotencyStore, got {store!r}"
+            raise ConfigError(msg)
+        if not callable(identity):
+            msg = f"identity must be a callable taking the ASGI scope, got {identity!r}"
+            raise ConfigError(msg)
+        if isinstance(methods, str):
+            methods = methods.split(",")
+        self.methods = frozenset(m.strip().upper() for m in methods)
+        if not self.methods or not all(m.isalpha() for m in self.methods):
+            msg = f"methods must be HTTP method names such as 'POST', got {sorted(self.methods)}"
+            raise ConfigError(msg)
+        if self.methods & {"GET", "HEAD"}:
+            msg = "GET and HEAD are safe already; methods should be the unsafe ones, e.g. POST"
+            raise ConfigError(msg)
+        self.app = app
+        self.store = store if store is not None else MemoryIdempotencyStore()
+        self.ttl = _positive("ttl", ttl)
+        self.lock_ttl = _positive("lock_ttl", lock_ttl)
+        self.max_request_size = _size("max_request_size", max_request_size)
+        self.max_response_size = _size("max_response_size", max_response_size)
+        self.fail_open = fail_open
+        self._identity = identity
+        self._required = [self._required_rule(rule) for rule in required]
+
+    def _required_rule(self, rule: str) -> tuple[frozenset[str], re.Pattern[str]]:
+        """``"[METHOD ]pattern"`` as the methods it covers and a compiled path pattern."""
+        method, _, pattern = rule.strip().rpartition(" ")
+        if not pattern.startswith("/"):
+            msg = f"required rule {rule!r} must be a path pattern such as '/orders/*'"
+            raise ConfigError(msg)
+        methods = frozenset({method.strip().upper()}) if method else self.methods
+        if not methods <= self.methods:
+            msg = f"required rule {rule!r} names a method not in methods={sorted(self.methods)}"
+            raise ConfigError(msg)
+        return methods, re.compile(fnmatch.translate(pattern))
+
+    def _is_required(self, method: str, path: str) -> bool:
+        return any(method in methods and pattern.match(path) for methods, pattern in self._required)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in self.methods:
+            await self.app(scope, receive, send)
+            return
+
+        method, path = scope["method"], scope["path"]
+        values = [value.decode("latin-1") for name, value in scope["headers"]
+                  if name == b"idempotency-key"]
+        if not values:
+            if self._is_required(method, path):
+                message = f"{method} {path} requires an Idempotency-Key header (e.g. a UUID)"
+                await _answer(400, "idempotency_key_missing", message)(scope, receive, send)
+                return
+            await self.app(scope, receive, send)
+            return
+        try:
+            key = parse_idempotency_key(values)
+        except InvalidKeyError as exc:
+            await _answer(400, "idempotency_key_invalid", str(exc))(scope, receive, send)
+            return
+
+        identity = self._identity(scope)
+        if inspect.isawaitable(identity):
+            identity = await identity
+        if identity is None:
+            await self.app(scope, receive, send)
+            return
+        await self._keyed(scope, receive, send, record_key(str(identity), key))
+
+    async def _keyed(self, scope: Scope, receive: Receive, send: Send, record: str) -> None:
+        """Handle a request that carries a valid key, kept under ``record``."""
+        try:
+            body = await self._read_body(scope, receive)
+        except _BodyTooLargeError:
+            message = (
+                f"a request with an Idempotency-Key may carry at most "
+                f"{self.max_request_size} body bytes"
+            )
+            await _answer(413, "request_too_large", message)(scope, receive, send)
+            return
+        if body is None:
+            return  # the client left before sending its body: nothing was claimed
+        receive = _replaying(body, receive)
+
+        fp = fingerprint(scope["method"], scope["path"], scope.get("query_string", b""), body)
+        try:
+            claim = await self.store.claim(record, fp, lock_ttl=self.lock_ttl)
+        except StorageError as exc:
+            if self.fail_open:
+                _log.warning("idempotency store failed; running without it: %s", exc)
+                await self.app(scope, receive, send)
+                return
+            _log.error("idempotency store failed: %s", exc)
+            message = "the idempotency store is unavailable; retry shortly with the same key"
+            response = _answer(503, "idempotency_unavailable", message, **{"Retry-After": "1"})
+            await response(scope, receive, send)
+            return
+
+        if claim.outcome == "mismatch":
+            message = "this Idempotency-Key was already used for a different request"
+            await _answer(422, "idempotency_key_reused", message)(scope, receive, send)
+        elif claim.outcome == "in_flight":
+            message = "a request with this Idempotency-Key is still being processed"
+            response = _answer(409, "idempotency_key_in_use", message, **{"Retry-After": "1"})
+            await response(scope, receive, send)
+        elif claim.response is not None:
+            await _replay(claim.response, send)
+        else:
+            await self._run(scope, receive, send, record, fp, claim.token)
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
+        """The whole request body; None if the client disconnected first."""
+        limit = self.max_request_size
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.strip().isdigit() and int(value) > limit:
+                raise _BodyTooLargeError
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _BodyTooLargeError
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    async def _run(
+        self, scope: Scope, receive: Receive, send: Send, record: str, fp: str, token: str
+    ) -> None:
+        """Run the app on a claimed key; keep its response if it is storable, else free the key."""
+        start: Message | None = None
+        storable = True
+        finished = False  # stored, or handed to another holder: nothing left to release
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal start, storable, finished
+            kind = message["type"]
+            if kind == "http.response.start":
+                start = message
+                storable = message["status"] < 500 and not message.get("trailers", False)
+            elif kind == "http.response.body" and storable and start is not None:
+                body = message.get("body", b"")
+                storable = False  # only the first chunk, and only if it is the last one
+                if not message.get("more_body", False) and len(body) <= self.max_response_size:
+                    # Stored before it is sent, so a client that already has the answer and
+                    # sends again is replayed, never told 409.
+                    finished = await self._complete(record, token, fp, start, body)
+            else:
+                storable = False  # a streamed body, trailers, or a server extension
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            if not finished:
+                # Shielded: the app may have been cancelled (client gone), and the key
+                # must be freed all the same.
+                with anyio.CancelScope(shield=True):
+                    await self._release(record, token)
+
+    async def _complete(
+        self, record: str, token: str, fp: str, start: Message, body: bytes
+    ) -> bool:
+        """Store the response; False (logged) if it could not be stored."""
+        headers = tuple((bytes(k), bytes(v)) for k, v in start.get("headers", ()))
+        response = StoredResponse(start["status"], headers, body)
+        try:
+            with anyio.CancelScope(shield=True):
+                stored = await self.store.complete(record, token, fp, response, ttl=self.ttl)
+        except StorageError as exc:
+            _log.error("could not store an idempotent response: %s", exc)
+            return False
+        if not stored:
+            _log.warning("idempotency lease ran out before the response was ready; not stored")
+        return True
+
+    async def _release(self, record: str, token: str) -> None:
+        try:
+            await self.store.release(record, token)
+        except StorageError as exc:
+            # The lease expires by itself after lock_ttl.
+            _log.error("could not release an idempotency key: %s", exc)
+
+
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    """A receive that hands the buffered body to the app, then defers to the server."""
+    pending = True
+
+    async def replay() -> Message:
+        nonlocal pending
+        if pending:
+            pending = False
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _replay(response: StoredResponse, send: Send) -> None:
+    """Send a stored response again, marked as replayed."""
+    headers: list[Any] = [*response.headers, _REPLAYED]
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    await send({"type": "http.response.body", "body": response.body, "more_body": False})

@@ -1,0 +1,268 @@
+"""BreakerGuard and breaker_dependency: 503 with Retry-After while a dependency rests."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import Depends, FastAPI
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Mount, Route
+
+from ratelimit_mw.breaker import CircuitBreaker, CircuitOpenError, CircuitState
+from ratelimit_mw.errors import ConfigError
+from ratelimit_mw.guard import BreakerGuard, breaker_dependency, unavailable_response
+from tests.conftest import FakeClock
+
+COOLDOWN = 30.0
+
+
+class Handler:
+    """An endpoint that counts its calls and answers with the status it is told."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.status = 200
+
+    async def endpoint(self, request: Request) -> Response:
+        self.calls += 1
+        if self.status == 0:
+            raise RuntimeError("boom")
+        return JSONResponse({"ok": self.status < 500}, status_code=self.status)
+
+
+@pytest.fixture
+def breaker(clock: FakeClock) -> CircuitBreaker:
+    """Opens when 2 of the last 4 calls failed; rests 30 s; one trial call."""
+    return CircuitBreaker(
+        name="db", window_size=4, minimum_calls=4, failure_rate_threshold=50, cooldown=COOLDOWN,
+        clock=clock,
+    )
+
+
+def client_for(app: Callable[..., object]) -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)  # type: ignore[arg-type]
+    return httpx.AsyncClient(transport=transport, base_url="http://test")
+
+
+def guarded_app(handler: Handler, breaker: CircuitBreaker, **options: Any) -> Starlette:
+    return Starlette(
+        routes=[Route("/orders", handler.endpoint, methods=["GET", "POST"])],
+        middleware=[Middleware(BreakerGuard, breaker=breaker, **options)],
+    )
+
+
+def state_of(breaker: CircuitBreaker) -> CircuitState:
+    """The breaker's state now (a call, so type checkers don't carry an earlier narrowing)."""
+    return breaker.state
+
+
+async def trip(client: httpx.AsyncClient, handler: Handler) -> None:
+    """Send four failing requests, which opens the breaker."""
+    handler.status = 503
+    for _ in range(4):
+        assert (await client.get("/orders")).status_code == 503
+    handler.status = 200
+
+
+async def test_open_breaker_answers_503_without_calling_the_handler(
+    breaker: CircuitBreaker, clock: FakeClock
+) -> None:
+    """Above the failure threshold the route answers 503 with Retry-After and a JSON body."""
+    handler = Handler()
+    async with client_for(guarded_app(handler, breaker)) as client:
+        await trip(client, handler)
+        assert breaker.state is CircuitState.OPEN
+        clock.advance(10)
+        response = await client.post("/orders", json={"item": 1})
+    assert handler.calls == 4
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "20"
+    assert response.headers["cache-control"] == "no-store"
+    body = response.json()
+    assert body["error"] == "service_unavailable"
+    assert body["retry_after_seconds"] == 20
+    assert (body["circuit"], body["circuit_state"]) == ("db", "open")
+
+
+@pytest.mark.parametrize(
+    ("elapsed", "retry_after"), [(0.0, "30"), (10.5, "20"), (29.001, "1"), (29.9999, "1")]
+)
+async def test_retry_after_is_the_cooldown_rounded_up(
+    breaker: CircuitBreaker, clock: FakeClock, elapsed: float, retry_after: str
+) -> None:
+    """Retry-After is the remaining cooldown rounded up, and at least 1."""
+    handler = Handler()
+    async with client_for(guarded_app(handler, breaker)) as client:
+        await trip(client, handler)
+        clock.advance(elapsed)
+        response = await client.get("/orders")
+    assert response.headers["retry-after"] == retry_after
+
+
+async def test_recovers_after_the_cooldown(breaker: CircuitBreaker, clock: FakeClock) -> None:
+    """After the cooldown a trial request reaches the handler and its success closes the breaker."""
+    handler = Handler()
+    async with client_for(guarded_app(handler, breaker)) as client:
+        await trip(client, handler)
+        clock.advance(COOLDOWN)
+        assert breaker.state is CircuitState.HALF_OPEN
+        assert (await client.get("/orders")).status_code == 200
+        assert state_of(breaker) is CircuitState.CLOSED
+        assert (await client.get("/orders")).status_code == 200
+    assert handler.calls == 6
+
+
+async def test_failed_trial_opens_again(breaker: CircuitBreaker, clock: FakeClock) -> None:
+    """A trial request that fails opens the breaker for a new cooldown."""
+    handler = Handler()
+    async with client_for(guarded_app(handler, breaker)) as client:
+        await trip(client, handler)
+        clock.advance(COOLDOWN)
+        handler.status = 500
+        assert (await client.get("/orders")).status_code == 500
+        response = await client.get("/orders")
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "30"
+
+
+async def test_half_open_with_its_slot_taken_answers_retry_after_1(
+    breaker: CircuitBreaker, clock: FakeClock
+) -> None:
+    """While the one trial call is running, other requests get 503 with Retry-After: 1."""
+    handler = Handler()
+    async with client_for(guarded_app(handler, breaker)) as client:
+        await trip(client, handler)
+        clock.advance(COOLDOWN)
+        probe = breaker.try_acquire()  # a trial request still in flight
+        assert probe is not None
+        response = await client.get("/orders")
+        probe.release()
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "1"
+    assert response.json()["circuit_state"] == "half_open"
+    assert handler.calls == 4
+
+
+async def test_exceptions_count_as_failures(breaker: CircuitBreaker) -> None:
+    """A handler that raises counts as a failed call."""
+    handler = Handler()
+    handler.status = 0
+    async with client_for(guarded_app(handler, breaker)) as client:
+        for _ in range(4):
+            assert (await client.get("/orders")).status_code == 500
+        assert (await client.get("/orders")).status_code == 503
+    assert handler.calls == 4
+
+
+async def test_4xx_counts_as_success(breaker: CircuitBreaker) -> None:
+    """Client errors are answers: they never open the breaker."""
+    handler = Handler()
+    handler.status = 404
+    async with client_for(guarded_app(handler, breaker)) as client:
+        for _ in range(6):
+            assert (await client.get("/orders")).status_code == 404
+    assert breaker.state is CircuitState.CLOSED
+
+
+async def test_look_only_guard_with_the_dependency_recording(
+    breaker: CircuitBreaker, clock: FakeClock
+) -> None:
+    """With record=False the handler's own breaker calls count, and the guard spares it."""
+    calls = 0
+
+    async def flaky_dependency() -> str:
+        raise ConnectionError("db down")
+
+    async def endpoint(request: Request) -> Response:
+        nonlocal calls
+        calls += 1
+        try:
+            await breaker.call(flaky_dependency)
+        except ConnectionError:
+            return JSONResponse({"error": "db"}, status_code=502)
+        return JSONResponse({})
+
+    app = Starlette(routes=[Mount("/", BreakerGuard(Starlette(routes=[Route("/x", endpoint)]),
+                                                    breaker, record=False))])
+    async with client_for(app) as client:
+        for _ in range(4):
+            assert (await client.get("/x")).status_code == 502
+        response = await client.get("/x")
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "30"
+    assert calls == 4
+
+
+async def test_refusal_raised_inside_becomes_503(breaker: CircuitBreaker, clock: FakeClock) -> None:
+    """A CircuitOpenError escaping the handler is answered like the guard's own refusal."""
+
+    async def endpoint(request: Request) -> Response:
+        raise CircuitOpenError(7.2, "search")
+
+    app = Starlette(
+        routes=[Route("/x", endpoint)], middleware=[Middleware(BreakerGuard, breaker=breaker)]
+    )
+    async with client_for(app) as client:
+        response = await client.get("/x")
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "8"
+    assert response.json()["circuit"] == "search"
+    assert "0/0 calls failed" in repr(breaker)  # not this route's failure
+
+
+async def test_fastapi_dependency(breaker: CircuitBreaker, clock: FakeClock) -> None:
+    """The FastAPI dependency answers 503 with Retry-After and never runs the route."""
+    calls = 0
+    app = FastAPI()
+
+    @app.get("/items", dependencies=[Depends(breaker_dependency(breaker))])
+    async def items() -> dict[str, int]:
+        nonlocal calls
+        calls += 1
+        return {"n": calls}
+
+    async with client_for(app) as client:
+        assert (await client.get("/items")).json() == {"n": 1}
+        for _ in range(4):
+            breaker.acquire().record_failure()
+        clock.advance(0.5)
+        response = await client.get("/items")
+        assert calls == 1
+        assert response.status_code == 503
+        assert response.headers["retry-after"] == "30"
+        assert response.json()["detail"]["error"] == "service_unavailable"
+        clock.advance(COOLDOWN)
+        assert (await client.get("/items")).status_code == 200
+
+
+def test_unavailable_response_body() -> None:
+    """The 503 response is JSON with the wait in whole seconds."""
+    response = unavailable_response(CircuitOpenError(0.2, "db"))
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "1"
+    assert json.loads(bytes(response.body))["retry_after_seconds"] == 1
+
+
+async def test_lifespan_passes_through(breaker: CircuitBreaker) -> None:
+    """Non-HTTP scopes go to the app untouched."""
+    seen: list[str] = []
+
+    async def app(scope: dict[str, object], receive: object, send: object) -> None:
+        seen.append(str(scope["type"]))
+
+    await BreakerGuard(app, breaker)({"type": "lifespan"}, None, None)  # type: ignore[arg-type]
+    assert seen == ["lifespan"]
+
+
+@pytest.mark.parametrize("status", [True, 99, 600, "500"])
+def test_bad_failure_status_is_refused(breaker: CircuitBreaker, status: object) -> None:
+    """failure_status must be an HTTP status code."""
+    with pytest.raises(ConfigError, match="failure_status"):
+        BreakerGuard(Handler().endpoint, breaker, failure_status=status)  # type: ignore[arg-type]
