@@ -16,6 +16,8 @@ import redis as sync_redis
 
 from ratelimit_mw import MemoryStorage, RedisStorage, Storage
 
+pytest_plugins = ["tests.redis_servers"]
+
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
@@ -111,11 +113,20 @@ def clock() -> FakeClock:
 StorageFactory = Callable[..., Storage]
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "cluster", "sentinel"])
 async def make_storage(
     request: pytest.FixtureRequest,
 ) -> AsyncIterator[StorageFactory]:
-    """Build storages of one backend of the matrix: ``make_storage(clock=None, **options)``."""
+    """Build storages of one backend of the matrix: ``make_storage(clock=None, **options)``.
+
+    ``cluster`` and ``sentinel`` run on throwaway deployments started for the session.
+    """
+    if request.param in ("cluster", "sentinel"):
+        from tests.redis_servers import storage_factory  # here: see the plugin's docstring
+
+        async with storage_factory(request.getfixturevalue(f"redis_{request.param}_url")) as made:
+            yield made
+        return
     made: list[Storage] = []
     if request.param == "memory":
         def factory(clock: Callable[[], float] | None = None, **options: object) -> Storage:

@@ -1,0 +1,199 @@
+"""What Redis Cluster adds: one slot per decision, exactness across nodes, moving slots.
+
+The storage-matrix cases run on Cluster too (test_storage_matrix.py); these are the
+cases only a cluster has. Some move slots between the nodes of the session's cluster:
+every other test finds its keys wherever they are, so the order does not matter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable
+
+import pytest
+
+from ratelimit_mw import ALGORITHM_NAMES, Hit, Limit, RedisStorage, StorageError, Verdict
+from ratelimit_mw.storage.keys import redis_key
+from tests.engine.test_storage import limit_for
+from tests.redis_servers import ClusterDeployment, StorageFactory, storage_factory
+
+
+@pytest.fixture
+async def make(redis_cluster_url: str) -> AsyncIterator[StorageFactory]:
+    async with storage_factory(redis_cluster_url) as factory:
+        yield factory
+
+
+@pytest.fixture
+def storage(make: StorageFactory) -> RedisStorage:
+    made = make()
+    assert isinstance(made, RedisStorage)
+    return made
+
+
+async def outcome(call: Awaitable[Verdict]) -> Verdict | StorageError:
+    """The verdict, or the StorageError; any other exception fails the test."""
+    try:
+        return await call
+    except StorageError as exc:
+        return exc
+
+
+def other_node(cluster: ClusterDeployment, slot: int) -> int:
+    """The index of a node that does not serve ``slot`` now."""
+    owner = cluster.owner(slot)
+    return next(i for i, node in enumerate(cluster.nodes) if node is not owner)
+
+
+async def test_every_key_of_a_decision_is_in_one_slot(
+    storage: RedisStorage, redis_cluster: ClusterDeployment,
+) -> None:
+    """Five algorithms in two scopes: ten keys, one hash slot, all on that slot's node."""
+    hits = [Hit(limit_for(name, "5/minute"), scope=scope)
+            for name in ALGORITHM_NAMES for scope in ("", "/orders:{x}")]
+    assert (await storage.decide("ip:2001:db8::7", hits)).allowed
+    found = {node.port: node.call("KEYS", storage.prefix + "*") for node in redis_cluster.nodes}
+    holders = {port: names for port, names in found.items() if names}
+    assert len(holders) == 1
+    (names,) = holders.values()
+    assert len(names) == len(hits)
+    slots = {redis_cluster.nodes[0].call("CLUSTER", "KEYSLOT", name) for name in names}
+    assert len(slots) == 1
+    assert redis_cluster.owner(slots.pop()).port in holders
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+async def test_concurrent_decisions_on_every_node_are_exact(
+    make: StorageFactory, redis_cluster: ClusterDeployment, algorithm: str,
+) -> None:
+    """1000 concurrent decisions, 250 for each of four identities on three nodes: 100 each."""
+    storage = make(max_connections=20)
+    identities = ["a", "b", "c", "d"]
+    assert len({redis_cluster.owner(ClusterDeployment.slot(redis_key("p:", who, "", "u")))
+                .port for who in identities}) == 3
+    hit = Hit(limit_for(algorithm, "100/hour"))
+    verdicts = await asyncio.gather(*(storage.decide(who, [hit])
+                                      for _ in range(250) for who in identities))
+    admitted = {who: sum(v.allowed for v in verdicts[i::4]) for i, who in enumerate(identities)}
+    assert admitted == dict.fromkeys(identities, 100)
+
+
+async def test_noscript_on_fresh_nodes_reloads_the_script(
+    storage: RedisStorage, redis_cluster: ClusterDeployment,
+) -> None:
+    """After SCRIPT FLUSH on every node (a restart, a new node) decisions go on, exactly."""
+    hit = Hit(Limit.parse("3/minute", "sliding_log"))
+    assert (await storage.decide("flushed", [hit])).allowed
+    for node in redis_cluster.nodes:
+        node.call("SCRIPT", "FLUSH")
+    remaining = [(await storage.decide("flushed", [hit])).decisions[0].remaining for _ in range(3)]
+    assert remaining == [1, 0, 0]
+
+
+async def test_a_moved_slot_is_followed_transparently(
+    storage: RedisStorage, redis_cluster: ClusterDeployment,
+) -> None:
+    """Resharding the slot of a key (MOVED) changes nothing for the caller, counts included."""
+    hit = Hit(Limit.parse("5/minute", "fixed_window"))
+    for _ in range(2):
+        await storage.decide("mover", [hit])
+    slot = ClusterDeployment.slot(redis_key(storage.prefix, "mover", "", hit.limit.uid))
+    target = redis_cluster.nodes[other_node(redis_cluster, slot)]
+    redis_cluster.move_slot(slot, target)
+    assert redis_cluster.owner(slot) is target
+    remaining = [(await storage.decide("mover", [hit])).decisions[0].remaining for _ in range(4)]
+    assert remaining == [2, 1, 0, 0]
+
+
+async def test_a_slot_in_migration_is_followed_through_ask(
+    storage: RedisStorage, redis_cluster: ClusterDeployment,
+) -> None:
+    """While a slot migrates (keys already moved: ASK) decisions still count exactly."""
+    hit = Hit(Limit.parse("4/minute", "gcra", burst=4))
+    await storage.decide("asker", [hit])
+    slot = ClusterDeployment.slot(redis_key(storage.prefix, "asker", "", hit.limit.uid))
+    target = redis_cluster.nodes[other_node(redis_cluster, slot)]
+    redis_cluster.begin_moving(slot, target)
+    try:
+        assert (await storage.decide("asker", [hit])).decisions[0].remaining == 2
+    finally:
+        redis_cluster.finish_moving(slot, target)
+    assert (await storage.decide("asker", [hit])).decisions[0].remaining == 1
+
+
+async def test_resharding_under_load_never_raises_anything_else(
+    make: StorageFactory, redis_cluster: ClusterDeployment,
+) -> None:
+    """Slots moving back and forth under 2000 decisions: verdicts or StorageError, never more
+    admitted than the limit, and exact again once the slot settles."""
+    storage = make(max_connections=20)
+    hit = Hit(Limit.parse("300/hour", "sliding_window"))
+    slot = ClusterDeployment.slot(redis_key("p:", "busy", "", "u"))  # the tag decides the slot
+
+    def reshard() -> None:
+        for _ in range(3):
+            redis_cluster.move_slot(slot, redis_cluster.nodes[other_node(redis_cluster, slot)])
+
+    mover = asyncio.create_task(asyncio.to_thread(reshard))
+    results: list[Verdict | StorageError] = []
+    while not mover.done() or len(results) < 2000:
+        results += await asyncio.gather(*(outcome(storage.decide("busy", [hit]))
+                                          for _ in range(100)))
+    await mover
+    verdicts = [r for r in results if isinstance(r, Verdict)]
+    admitted = sum(v.allowed for v in verdicts)
+    assert admitted <= 300
+    assert len(verdicts) >= len(results) // 2
+    after = await storage.peek("busy", [hit])
+    assert after.decisions[0].remaining == 300 - admitted
+
+
+async def test_a_node_killed_under_load_gives_storage_errors_then_recovers(
+    make: StorageFactory, redis_cluster: ClusterDeployment,
+) -> None:
+    """A node killed while 60 identities are decided at once, then restarted: verdicts or
+    StorageError meanwhile, nothing else; then every decision succeeds again."""
+    storage = make(max_connections=20, timeout=0.5)
+    hit = Hit(Limit.parse("100000/hour"))
+    node = redis_cluster.owner(ClusterDeployment.slot(redis_key("p:", "id0", "", "u")))
+    results: list[Verdict | StorageError] = []
+
+    async def one_round() -> list[Verdict | StorageError]:
+        found = await asyncio.gather(*(outcome(storage.decide(f"id{i}", [hit]))
+                                       for i in range(60)))
+        results.extend(found)
+        return found
+
+    async def load(stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await one_round()
+
+    await one_round()
+    stop = asyncio.Event()
+    background = asyncio.create_task(load(stop))
+    try:
+        await asyncio.sleep(0.2)
+        node.kill()
+        await asyncio.sleep(1)
+        assert any(isinstance(result, StorageError) for result in results)
+    finally:
+        await asyncio.to_thread(node.start)
+    await asyncio.to_thread(redis_cluster.wait_until_ok)
+    deadline = time.monotonic() + 10
+    while not all(isinstance(result, Verdict) for result in await one_round()):
+        assert time.monotonic() < deadline, "no recovery after the node came back"
+        await asyncio.sleep(0.1)
+    stop.set()
+    await background  # re-raises anything but StorageError met under load
+
+
+async def test_unreachable_cluster_is_a_storage_error(make: StorageFactory) -> None:
+    """No startup node answers: StorageError (redis-py raises a non-RedisError here)."""
+    from tests.conftest import free_port
+
+    async with storage_factory(f"redis+cluster://127.0.0.1:{free_port()}") as dead_factory:
+        dead = dead_factory(timeout=0.2)
+        with pytest.raises(StorageError):
+            await dead.decide("x", [Hit(Limit.parse("1/second"))])
+        assert not await dead.ping()

@@ -1,0 +1,78 @@
+"""What Sentinel adds: decisions on the primary it names, and a failover survived.
+
+The storage-matrix cases run on Sentinel too (test_storage_matrix.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from ratelimit_mw import Hit, Limit, RedisStorage, StorageError, Verdict
+from tests.redis_servers import SentinelDeployment, StorageFactory, storage_factory
+
+
+@pytest.fixture
+async def make(redis_sentinel_url: str) -> AsyncIterator[StorageFactory]:
+    async with storage_factory(redis_sentinel_url) as factory:
+        yield factory
+
+
+async def test_decides_on_the_primary_and_replicates(
+    make: StorageFactory, redis_sentinel: SentinelDeployment,
+) -> None:
+    """The counters live on the primary Sentinel names, and reach the replica."""
+    storage = make()
+    assert isinstance(storage, RedisStorage)
+    assert (await storage.decide("sam", [Hit(Limit.parse("5/minute"))])).allowed
+    primary = redis_sentinel.current_primary()
+    replica = next(node for node in redis_sentinel.data_nodes if node is not primary)
+    assert primary.call("KEYS", storage.prefix + "*")
+    assert primary.call("WAIT", 1, 2000) == 1
+    assert replica.call("KEYS", storage.prefix + "*") == primary.call("KEYS", storage.prefix + "*")
+
+
+async def test_an_unknown_service_is_a_storage_error(redis_sentinel_url: str) -> None:
+    """Sentinels that know no such service: StorageError, and ping is False."""
+    async with storage_factory(redis_sentinel_url.rsplit("/", 1)[0] + "/nosuch") as factory:
+        storage = factory(timeout=0.5)
+        with pytest.raises(StorageError, match="nosuch"):
+            await storage.decide("x", [Hit(Limit.parse("1/second"))])
+        assert not await storage.ping()
+
+
+@pytest.mark.slow
+async def test_limits_survive_a_failover(
+    make: StorageFactory, redis_sentinel: SentinelDeployment,
+) -> None:
+    """The primary killed: StorageError (nothing else) until the replica is promoted,
+    within seconds, then the same counters go on, exactly."""
+    redis_sentinel.wait_until_ready()
+    storage = make(timeout=0.5)
+    hit = Hit(Limit.parse("1000/hour", "sliding_window"))
+    for _ in range(10):
+        assert (await storage.decide("fay", [hit])).allowed
+    old = redis_sentinel.current_primary()
+    assert old.call("WAIT", 1, 2000) == 1  # the replica has every count so far
+    old.kill()
+    try:
+        started = time.monotonic()
+        admitted, failed = 0, 0
+        while admitted < 5:
+            assert time.monotonic() - started < 20, f"no failover after {failed} errors"
+            try:
+                verdict: Verdict = await storage.decide("fay", [hit])
+            except StorageError:
+                failed += 1
+                await asyncio.sleep(0.1)
+                continue
+            admitted += verdict.allowed
+        new = redis_sentinel.current_primary()
+        assert new is not old
+        assert failed > 0  # the outage was seen, as StorageError
+        assert (await storage.peek("fay", [hit])).decisions[0].remaining == 1000 - 15
+    finally:
+        old.start()  # it comes back empty, and Sentinel makes it the new primary's replica
