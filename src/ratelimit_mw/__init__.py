@@ -9,27 +9,49 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .decision import NEVER, Decision, Verdict
+    from .breaker import CircuitBreaker, CircuitOpenError, CircuitState
+    from .decision import NEVER, Decision, Lease, Verdict
     from .errors import ConfigError, RateLimitError, StorageError
+    from .guard import BreakerGuard, breaker_dependency
+    from .idempotency import (
+        IdempotencyMiddleware,
+        IdempotencyStore,
+        MemoryIdempotencyStore,
+        RedisIdempotencyStore,
+        StoredResponse,
+    )
     from .limit import ALGORITHM_NAMES, AlgorithmName, Hit, Limit, limits_from
     from .rates import Rate, parse_rate, parse_rates
     from .storage import MemoryStorage, RedisStorage, Storage, storage_from_url
+    from .storage.base import UsageRetention
 
 _EXPORTS = {
     "ALGORITHM_NAMES": "limit",
-    "NEVER": "decision",
     "AlgorithmName": "limit",
+    "BreakerGuard": "guard",
+    "CircuitBreaker": "breaker",
+    "CircuitOpenError": "breaker",
+    "CircuitState": "breaker",
     "ConfigError": "errors",
     "Decision": "decision",
     "Hit": "limit",
+    "IdempotencyMiddleware": "idempotency",
+    "IdempotencyStore": "idempotency",
+    "Lease": "decision",
     "Limit": "limit",
+    "MemoryIdempotencyStore": "idempotency",
     "MemoryStorage": "storage",
+    "NEVER": "decision",
     "Rate": "rates",
     "RateLimitError": "errors",
+    "RedisIdempotencyStore": "idempotency",
     "RedisStorage": "storage",
     "Storage": "storage",
     "StorageError": "errors",
+    "StoredResponse": "idempotency",
+    "UsageRetention": "storage.base",
     "Verdict": "decision",
+    "breaker_dependency": "guard",
     "limits_from": "limit",
     "parse_rate": "rates",
     "parse_rates": "rates",
@@ -40,17 +62,29 @@ __all__ = [
     "ALGORITHM_NAMES",
     "NEVER",
     "AlgorithmName",
+    "BreakerGuard",
+    "CircuitBreaker",
+    "CircuitOpenError",
+    "CircuitState",
     "ConfigError",
     "Decision",
     "Hit",
+    "IdempotencyMiddleware",
+    "IdempotencyStore",
+    "Lease",
     "Limit",
+    "MemoryIdempotencyStore",
     "MemoryStorage",
     "Rate",
     "RateLimitError",
+    "RedisIdempotencyStore",
     "RedisStorage",
     "Storage",
     "StorageError",
+    "StoredResponse",
+    "UsageRetention",
     "Verdict",
+    "breaker_dependency",
     "limits_from",
     "parse_rate",
     "parse_rates",
