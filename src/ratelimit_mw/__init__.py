@@ -12,6 +12,8 @@ if TYPE_CHECKING:
     from .breaker import CircuitBreaker, CircuitOpenError, CircuitState
     from .decision import NEVER, Decision, Lease, Verdict
     from .errors import ConfigError, RateLimitError, StorageError
+    from .events import DecisionEvent
+    from .failure import FailureStats
     from .guard import BreakerGuard, breaker_dependency
     from .idempotency import (
         IdempotencyMiddleware,
@@ -20,20 +22,32 @@ if TYPE_CHECKING:
         RedisIdempotencyStore,
         StoredResponse,
     )
+    from .keys import APIKey, AuthenticatedUser, ClientIP, TrustedProxies
     from .limit import ALGORITHM_NAMES, AlgorithmName, Hit, Limit, limits_from
+    from .middleware import RateLimitMiddleware
     from .rates import Rate, parse_rate, parse_rates
+    from .responses import Denial
+    from .routes import RouteLimit, RouteRule, cost, exempt, limit
+    from .settings import RateLimitSettings
     from .storage import MemoryStorage, RedisStorage, Storage, storage_from_url
     from .storage.base import UsageRetention
+    from .tiers import Tier, TierByAPIKey, TierFromHeader, TierTable
 
 _EXPORTS = {
     "ALGORITHM_NAMES": "limit",
+    "APIKey": "keys",
     "AlgorithmName": "limit",
+    "AuthenticatedUser": "keys",
     "BreakerGuard": "guard",
     "CircuitBreaker": "breaker",
     "CircuitOpenError": "breaker",
     "CircuitState": "breaker",
+    "ClientIP": "keys",
     "ConfigError": "errors",
     "Decision": "decision",
+    "DecisionEvent": "events",
+    "Denial": "responses",
+    "FailureStats": "failure",
     "Hit": "limit",
     "IdempotencyMiddleware": "idempotency",
     "IdempotencyStore": "idempotency",
@@ -44,14 +58,26 @@ _EXPORTS = {
     "NEVER": "decision",
     "Rate": "rates",
     "RateLimitError": "errors",
+    "RateLimitMiddleware": "middleware",
+    "RateLimitSettings": "settings",
     "RedisIdempotencyStore": "idempotency",
     "RedisStorage": "storage",
+    "RouteLimit": "routes",
+    "RouteRule": "routes",
     "Storage": "storage",
     "StorageError": "errors",
     "StoredResponse": "idempotency",
+    "Tier": "tiers",
+    "TierByAPIKey": "tiers",
+    "TierFromHeader": "tiers",
+    "TierTable": "tiers",
+    "TrustedProxies": "keys",
     "UsageRetention": "storage.base",
     "Verdict": "decision",
     "breaker_dependency": "guard",
+    "cost": "routes",
+    "exempt": "routes",
+    "limit": "routes",
     "limits_from": "limit",
     "parse_rate": "rates",
     "parse_rates": "rates",
@@ -61,13 +87,19 @@ _EXPORTS = {
 __all__ = [
     "ALGORITHM_NAMES",
     "NEVER",
+    "APIKey",
     "AlgorithmName",
+    "AuthenticatedUser",
     "BreakerGuard",
     "CircuitBreaker",
     "CircuitOpenError",
     "CircuitState",
+    "ClientIP",
     "ConfigError",
     "Decision",
+    "DecisionEvent",
+    "Denial",
+    "FailureStats",
     "Hit",
     "IdempotencyMiddleware",
     "IdempotencyStore",
@@ -77,14 +109,26 @@ __all__ = [
     "MemoryStorage",
     "Rate",
     "RateLimitError",
+    "RateLimitMiddleware",
+    "RateLimitSettings",
     "RedisIdempotencyStore",
     "RedisStorage",
+    "RouteLimit",
+    "RouteRule",
     "Storage",
     "StorageError",
     "StoredResponse",
+    "Tier",
+    "TierByAPIKey",
+    "TierFromHeader",
+    "TierTable",
+    "TrustedProxies",
     "UsageRetention",
     "Verdict",
     "breaker_dependency",
+    "cost",
+    "exempt",
+    "limit",
     "limits_from",
     "parse_rate",
     "parse_rates",

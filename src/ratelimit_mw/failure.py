@@ -1,0 +1,155 @@
+"""What to do when the storage can't answer: let requests through, refuse them, or count locally.
+
+Every storage call runs under a timeout and behind a circuit breaker, so while the
+storage is down requests don't each wait for the timeout: the breaker refuses the
+call at once, and after ``recovery_interval`` seconds lets one trial call test
+whether the storage is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, get_args
+
+from .breaker import CircuitBreaker
+from .decision import Verdict
+from .errors import ConfigError
+from .events import Source
+from .limit import Hit
+from .storage import MemoryStorage, Storage
+
+__all__ = ["FAILURE_MODES", "FailureMode", "FailureStats", "Gate", "StorageGuard", "check_mode"]
+
+FailureMode = Literal["open", "closed", "memory"]
+FAILURE_MODES: tuple[FailureMode, ...] = get_args(FailureMode)
+
+_log = logging.getLogger("ratelimit_mw")
+
+
+class _Permit(Protocol):
+    def record_success(self) -> None: ...
+    def record_failure(self) -> None: ...
+    def release(self) -> None: ...
+
+
+class Gate(Protocol):
+    """What the guard needs of a circuit breaker (``CircuitBreaker`` fits)."""
+
+    def try_acquire(self) -> _Permit | None: ...
+
+    @property
+    def remaining_cooldown(self) -> float: ...
+
+
+def check_mode(value: str) -> FailureMode:
+    """``open``, ``closed`` or ``memory``, or a ConfigError."""
+    text = str(value).strip().lower()
+    for mode in FAILURE_MODES:
+        if text == mode:
+            return mode
+    msg = f"unknown failure mode {value!r}; expected one of {', '.join(FAILURE_MODES)}"
+    raise ConfigError(msg)
+
+
+@dataclass(slots=True)
+class FailureStats:
+    """Counters of the failure policy at work (read them for metrics)."""
+
+    failures: int = 0
+    """Storage calls that failed or timed out."""
+    skipped: int = 0
+    """Storage calls not made because the breaker was open."""
+    allowed: int = 0
+    """Requests let through undecided (``open``)."""
+    refused: int = 0
+    """Requests answered 503 (``closed``)."""
+    fallback: int = 0
+    """Requests decided by the local in-memory limiter (``memory``)."""
+
+
+class StorageGuard:
+    """Decides through ``storage`` with a timeout and a breaker; ``None`` when it can't.
+
+    In ``memory`` mode a failed or skipped call is decided by a local
+    ``MemoryStorage`` instead, so limits still hold per process.
+    """
+
+    __slots__ = ("breaker", "fallback", "mode", "stats", "storage", "timeout")
+
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        mode: FailureMode = "open",
+        timeout: float = 0.05,
+        recovery_interval: float = 2.0,
+        breaker: Gate | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.mode = check_mode(mode)
+        for name, value in (("storage timeout", timeout), ("recovery interval", recovery_interval)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not (
+                    0 < value < math.inf):
+                msg = f"{name} must be a positive number of seconds, got {value!r}"
+                raise ConfigError(msg)
+        self.storage = storage
+        self.timeout = float(timeout)
+        self.breaker: Gate = breaker if breaker is not None else CircuitBreaker(
+            name="ratelimit-storage", window_size=10, minimum_calls=3,
+            failure_rate_threshold=50.0, cooldown=recovery_interval,
+            probe_timeout=max(1.0, 10 * timeout),
+        )
+        self.fallback = MemoryStorage(clock=clock) if self.mode == "memory" else None
+        self.stats = FailureStats()
+
+    @property
+    def retry_after(self) -> int:
+        """Whole seconds a refused client should wait (at least 1)."""
+        return max(1, math.ceil(self.breaker.remaining_cooldown))
+
+    async def decide(self, key: str, hits: Sequence[Hit]) -> tuple[Verdict | None, Source]:
+        """The verdict and where it came from: ``storage``, ``fallback`` or ``unavailable``."""
+        permit = self.breaker.try_acquire()
+        if permit is None:
+            self.stats.skipped += 1
+            return self._degraded(key, hits)
+        try:
+            async with asyncio.timeout(self.timeout):
+                verdict = await self.storage.decide(key, hits)
+        except Exception as exc:
+            # Any failure of the storage (StorageError, TimeoutError, a bug in a custom
+            # storage) is the failure policy's business, never a 500.
+            permit.record_failure()
+            self.stats.failures += 1
+            _log.warning(
+                "ratelimit_mw storage failure: event=storage_failure mode=%s error=%s",
+                self.mode, _describe(exc),
+                extra={"ratelimit": {"event": "storage_failure", "mode": self.mode,
+                                     "error": _describe(exc)}},
+            )
+            return self._degraded(key, hits)
+        except BaseException:
+            permit.release()
+            raise
+        permit.record_success()
+        return verdict, "storage"
+
+    def _degraded(self, key: str, hits: Sequence[Hit]) -> tuple[Verdict | None, Source]:
+        if self.fallback is not None:
+            self.stats.fallback += 1
+            return self.fallback.decide_now(key, hits), "fallback"
+        if self.mode == "open":
+            self.stats.allowed += 1
+        else:
+            self.stats.refused += 1
+        return None, "unavailable"
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"[:300]

@@ -1,0 +1,153 @@
+"""Rate-limit response headers: legacy ``X-RateLimit-*`` and the IETF drafts 6, 7 and 11.
+
+What depends only on the limits (policy descriptions) is formatted once per set of
+limits; per request only the numbers are written.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from typing import Literal, get_args
+
+from .decision import Decision, Verdict
+from .errors import ConfigError
+from .limit import Limit
+
+__all__ = [
+    "HEADER_STYLES",
+    "HeaderFormat",
+    "HeaderStyle",
+    "parse_header_style",
+    "policy_name",
+    "retry_after_value",
+]
+
+HeaderStyle = Literal["legacy", "draft-6", "draft-7", "draft-11"]
+HEADER_STYLES: tuple[HeaderStyle, ...] = get_args(HeaderStyle)
+_IETF = ("draft-6", "draft-7", "draft-11")
+
+Header = tuple[bytes, bytes]
+PolicyKey = tuple[str, Limit]  # (scope, limit): what a decision is about
+
+
+def parse_header_style(value: str) -> tuple[HeaderStyle, ...]:
+    """``"legacy"``, ``"draft-11"``, ``"legacy+draft-11"`` … or ``"none"`` (no headers)."""
+    text = str(value).strip().lower().replace("_", "-")
+    if text in ("", "none", "off"):
+        return ()
+    styles: list[HeaderStyle] = []
+    for part in text.split("+"):
+        part = part.strip().replace("draft", "draft-").replace("draft--", "draft-")
+        style = next((s for s in HEADER_STYLES if s == part), None)
+        if style is None or style in styles:
+            msg = (f"unknown header style {value!r}; expected one of {', '.join(HEADER_STYLES)}, "
+                   f"legacy combined with one IETF style (e.g. 'legacy+draft-11'), or 'none'")
+            raise ConfigError(msg)
+        styles.append(style)
+    if sum(style in _IETF for style in styles) > 1:
+        msg = (f"header style {value!r} combines IETF drafts whose headers collide; "
+               f"pick one of {', '.join(_IETF)} (optionally with legacy)")
+        raise ConfigError(msg)
+    return tuple(styles)
+
+
+def retry_after_value(seconds: float) -> bytes | None:
+    """RFC 9110 delay-seconds, rounded up so it never points earlier than the real wait."""
+    if not math.isfinite(seconds):
+        return None
+    return str(max(0, math.ceil(seconds))).encode()
+
+
+def policy_name(name: str) -> str:
+    """A policy name safe inside a structured-field string (printable ASCII, escaped)."""
+    safe = "".join(c if " " <= c <= "~" else "_" for c in name)
+    return safe.replace("\\", "\\\\").replace('"', '\\"')
+
+
+@functools.lru_cache(maxsize=1024)
+def _window(limit: Limit) -> int:
+    return max(1, math.ceil(limit.period))
+
+
+@functools.lru_cache(maxsize=1024)
+def _short_policy(limit: Limit) -> bytes:
+    """``100;w=60``: the draft-6/7 policy of one limit."""
+    return f"{limit.capacity};w={_window(limit)}".encode()
+
+
+@functools.lru_cache(maxsize=1024)
+def _legacy_policy(limit: Limit) -> bytes:
+    """``100;w=60;comment="per minute"``."""
+    per = str(limit.rate).split("/", 1)[1]
+    words = f"{limit.rate.amount} per {per}" if limit.burst is not None else f"per {per}"
+    if limit.burst is not None:
+        words = f"burst {limit.burst}, {words}"
+    return f'{limit.capacity};w={_window(limit)};comment="{policy_name(words)}"'.encode()
+
+
+class HeaderFormat:
+    """Writes the headers of one header style (or a legacy + IETF combination)."""
+
+    __slots__ = ("ietf", "legacy", "styles")
+
+    def __init__(self, style: str | Sequence[HeaderStyle] = "legacy") -> None:
+        self.styles = parse_header_style(style) if isinstance(style, str) else tuple(style)
+        self.legacy = "legacy" in self.styles
+        self.ietf = next((s for s in self.styles if s in _IETF), None)
+
+    def __bool__(self) -> bool:
+        return bool(self.styles)
+
+    def static(self, named: Sequence[tuple[str, Limit]]) -> list[Header]:
+        """Headers that depend only on the limits: draft-11 ``RateLimit-Policy``."""
+        if self.ietf != "draft-11" or not named:
+            return []
+        items = ",".join(
+            f'"{policy_name(name)}";q={limit.capacity};w={_window(limit)}' for name, limit in named)
+        return [(b"ratelimit-policy", items.encode())]
+
+    def dynamic(
+        self, verdict: Verdict, names: Mapping[PolicyKey, str], now: float,
+    ) -> list[Header]:
+        """The per-request headers for ``verdict`` (``now`` in epoch seconds)."""
+        decisions = verdict.decisions
+        binding = decisions[0] if len(decisions) == 1 else verdict.binding
+        if binding is None:
+            return []
+        out: list[Header] = []
+        if self.legacy:
+            out += (
+                (b"x-ratelimit-limit", str(binding.limit).encode()),
+                (b"x-ratelimit-remaining", str(binding.remaining).encode()),
+                (b"x-ratelimit-reset", str(math.ceil(now + binding.reset_after)).encode()),
+                (b"x-ratelimit-policy", _legacy_policy(binding.policy)),
+            )
+        ietf = self.ietf
+        if ietf == "draft-11":
+            out.append((b"ratelimit", _draft11(verdict.decisions, names)))
+        elif ietf == "draft-7":
+            reset = math.ceil(binding.reset_after)
+            out += (
+                (b"ratelimit",
+                 f"limit={binding.limit}, remaining={binding.remaining}, reset={reset}".encode()),
+                (b"ratelimit-policy", _short_policy(binding.policy)),
+            )
+        elif ietf == "draft-6":
+            out += (
+                (b"ratelimit-limit", str(binding.limit).encode()),
+                (b"ratelimit-remaining", str(binding.remaining).encode()),
+                (b"ratelimit-reset", str(math.ceil(binding.reset_after)).encode()),
+                (b"ratelimit-policy", _short_policy(binding.policy)),
+            )
+        return out
+
+
+def _draft11(decisions: Sequence[Decision], names: Mapping[PolicyKey, str]) -> bytes:
+    """``"burst";r=50;t=30,"daily";r=999;t=86400``: every policy's remaining quota."""
+    parts = []
+    for d in decisions:
+        name = names.get((d.scope, d.policy)) or policy_name(d.policy.name)
+        parts.append(f'"{name}";r={d.remaining};t={math.ceil(d.reset_after)}')
+    return ",".join(parts).encode()

@@ -1,0 +1,284 @@
+"""Who a request counts for: the client IP (behind trusted proxies), an API key, a user.
+
+A key function takes the ASGI scope and returns the identity the limits count for
+(``"ip:203.0.113.7"``, ``"apikey:…"``, ``"user:alice"``), or ``None`` to leave the
+request unlimited. It may be sync or async; ``key_function`` normalises the built-in
+names and tells the middleware whether to await it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import ipaddress
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from starlette.types import Scope
+
+from .errors import ConfigError
+
+__all__ = [
+    "APIKey",
+    "AuthenticatedUser",
+    "ClientIP",
+    "KeyFunc",
+    "TrustedProxies",
+    "header_value",
+    "is_async_callable",
+]
+
+KeyFunc = Callable[[Scope], "str | Awaitable[str | None] | None"]
+
+_log = logging.getLogger("ratelimit_mw")
+_IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+_MAX_HOPS = 32  # a longer forwarding chain is hostile; walk no further than this
+_MAX_TOKEN = 64  # an address longer than this is not an address
+
+
+def is_async_callable(fn: object) -> bool:
+    """True for ``async def`` functions and objects with an ``async def __call__``."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - we want the bound __call__, not callable()
+    )
+
+
+def header_value(scope: Scope, name: bytes) -> str | None:
+    """Every value of header ``name`` (lower-case bytes) joined by ``,``; None when absent.
+
+    Header bytes are decoded as latin-1, which never fails, so hostile bytes can't raise.
+    """
+    values = [value for key, value in scope["headers"] if key == name]
+    if not values:
+        return None
+    return b",".join(values).decode("latin-1")
+
+
+class TrustedProxies:
+    """The peers whose forwarding headers are believed: addresses, networks, or ``*``.
+
+    >>> "10.1.2.3" in TrustedProxies(["10.0.0.0/8"])
+    True
+    """
+
+    __slots__ = ("_cache", "everyone", "networks")
+
+    def __init__(self, proxies: Iterable[str] | str = ()) -> None:
+        items = [p.strip() for p in proxies.split(",")] if isinstance(proxies, str) else [
+            str(p).strip() for p in proxies]
+        items = [item for item in items if item]
+        self.everyone = "*" in items
+        networks: list[_IPNetwork] = []
+        for item in items:
+            if item == "*":
+                continue
+            try:
+                networks.append(ipaddress.ip_network(item, strict=False))
+            except ValueError as exc:
+                msg = (f"couldn't parse trusted proxy {item!r}; expected an IP address, "
+                       f"a network such as '10.0.0.0/8', or '*'")
+                raise ConfigError(msg) from exc
+        self.networks = tuple(networks)
+        self._cache: dict[str, bool] = {}
+
+    def __bool__(self) -> bool:
+        return self.everyone or bool(self.networks)
+
+    def __contains__(self, host: object) -> bool:
+        if self.everyone:
+            return True
+        if not isinstance(host, str):
+            return False
+        known = self._cache.get(host)
+        if known is None:
+            known = self._compute(host)
+            if len(self._cache) >= 4096:
+                self._cache.clear()
+            self._cache[host] = known
+        return known
+
+    def _compute(self, host: str) -> bool:
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        return any(address in network for network in self.networks)
+
+    def __repr__(self) -> str:
+        shown = ["*"] if self.everyone else [str(n) for n in self.networks]
+        return f"TrustedProxies({shown!r})"
+
+
+@functools.lru_cache(maxsize=8192)
+def _group(host: str, ipv6_prefix: int) -> str | None:
+    """The canonical address, an IPv6 one reduced to its /``ipv6_prefix`` network."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        if ipv6_prefix < 128:
+            return str(ipaddress.IPv6Network((address, ipv6_prefix), strict=False))
+    return str(address)
+
+
+def _forwarded_for(value: str) -> list[str]:
+    """The ``for=`` node of each element of an RFC 7239 ``Forwarded`` header, in order."""
+    nodes = []
+    for element in value.split(",")[-_MAX_HOPS:]:
+        node = ""
+        for pair in element.split(";"):
+            name, _, token = pair.partition("=")
+            if name.strip().lower() == "for":
+                node = token.strip().strip('"')
+        nodes.append(_strip_port(node))
+    return nodes
+
+
+def _strip_port(node: str) -> str:
+    """``[2001:db8::1]:4711`` -> ``2001:db8::1``; ``192.0.2.1:80`` -> ``192.0.2.1``."""
+    if node.startswith("["):
+        return node[1:].partition("]")[0]
+    if node.count(":") == 1:
+        return node.partition(":")[0]
+    return node
+
+
+class ClientIP:
+    """The client's address: the peer, or, behind trusted proxies, the forwarded client.
+
+    ``Forwarded`` (RFC 7239), else ``X-Forwarded-For``, is read only when the peer is a
+    trusted proxy, and walked right to left: the first hop that is not a trusted proxy
+    is the client. IPv6 clients are grouped by ``/ipv6_prefix`` (a /64 belongs to one
+    subscriber), so rotating through one's own addresses gains nothing.
+    """
+
+    __slots__ = ("_warned", "ipv6_prefix", "trusted")
+
+    def __init__(
+        self, trusted_proxies: TrustedProxies | Iterable[str] | str = (), *, ipv6_prefix: int = 64,
+    ) -> None:
+        if isinstance(ipv6_prefix, bool) or not isinstance(ipv6_prefix, int) or not (
+                1 <= ipv6_prefix <= 128):
+            msg = f"ipv6_prefix must be an integer from 1 to 128, got {ipv6_prefix!r}"
+            raise ConfigError(msg)
+        self.trusted = (trusted_proxies if isinstance(trusted_proxies, TrustedProxies)
+                        else TrustedProxies(trusted_proxies))
+        self.ipv6_prefix = ipv6_prefix
+        self._warned = False
+        if self.trusted.everyone:
+            _log.warning(
+                "ratelimit_mw: every peer is a trusted proxy ('*'); any client can choose "
+                "its own rate-limit key with X-Forwarded-For. Trust only your proxies' "
+                "addresses.")
+
+    def __call__(self, scope: Scope) -> str:
+        client = scope.get("client")
+        peer = client[0] if client else ""
+        if self.trusted:
+            if peer in self.trusted:
+                peer = self._forwarded_client(scope, peer)
+            elif not self._warned:
+                self._warn_untrusted(scope, peer)
+        grouped = _group(peer, self.ipv6_prefix) if peer else None
+        return f"ip:{grouped or peer[:_MAX_TOKEN] or '-'}"
+
+    def _forwarded_client(self, scope: Scope, peer: str) -> str:
+        """Walk the forwarding chain from the right; the first untrusted hop is the client."""
+        value = header_value(scope, b"forwarded")
+        if value is not None:
+            hops = _forwarded_for(value)
+        else:
+            value = header_value(scope, b"x-forwarded-for")
+            if value is None:
+                return peer
+            hops = [_strip_port(hop.strip()) for hop in value.split(",")[-_MAX_HOPS:]]
+        client = peer
+        for hop in reversed(hops):
+            if len(hop) > _MAX_TOKEN or _group(hop, 128) is None:
+                # A trusted proxy passed on garbage: stop at the last hop we believe.
+                return client
+            client = hop
+            if hop not in self.trusted:
+                return hop
+        return client
+
+    def _warn_untrusted(self, scope: Scope, peer: str) -> None:
+        """Warn once that forwarding headers came from a peer we don't trust."""
+        for name, _ in scope["headers"]:
+            if name in (b"x-forwarded-for", b"forwarded"):
+                self._warned = True
+                _log.warning(
+                    "ratelimit_mw: forwarding headers from %s, which is not a trusted proxy, "
+                    "were ignored (trusted: %r); if it is your proxy, add it to "
+                    "trusted_proxies", peer or "an unknown peer", self.trusted)
+                return
+
+    def __repr__(self) -> str:
+        return f"ClientIP({self.trusted!r}, ipv6_prefix={self.ipv6_prefix})"
+
+
+def _digest(value: str) -> str:
+    """A short stable digest, so secrets never reach the storage or the logs."""
+    return hashlib.blake2b(value.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
+
+
+class APIKey:
+    """The API key sent in ``header`` (hashed), else ``fallback`` (the client IP)."""
+
+    __slots__ = ("_name", "fallback", "header")
+
+    def __init__(self, header: str = "x-api-key", *, fallback: KeyFunc | None = None) -> None:
+        if not isinstance(header, str) or not header.strip():
+            msg = f"the API key header must be a header name, got {header!r}"
+            raise ConfigError(msg)
+        self.header = header.strip().lower()
+        self._name = self.header.encode("latin-1")
+        self.fallback: KeyFunc = fallback if fallback is not None else ClientIP()
+        if is_async_callable(self.fallback):
+            msg = "APIKey's fallback must be a synchronous key function"
+            raise ConfigError(msg)
+
+    def __call__(self, scope: Scope) -> str | None:
+        value = header_value(scope, self._name)
+        if value is not None and value.strip():
+            return f"apikey:{_digest(value.strip())}"
+        return self.fallback(scope)  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return f"APIKey({self.header!r}, fallback={self.fallback!r})"
+
+
+class AuthenticatedUser:
+    """The authenticated ``scope["user"]``'s identity, else ``fallback`` (the client IP).
+
+    ``scope["user"]`` is set by Starlette's ``AuthenticationMiddleware``, which must
+    therefore run before this middleware (be added after it).
+    """
+
+    __slots__ = ("fallback",)
+
+    def __init__(self, *, fallback: KeyFunc | None = None) -> None:
+        self.fallback: KeyFunc = fallback if fallback is not None else ClientIP()
+        if is_async_callable(self.fallback):
+            msg = "AuthenticatedUser's fallback must be a synchronous key function"
+            raise ConfigError(msg)
+
+    def __call__(self, scope: Scope) -> str | None:
+        user: Any = scope.get("user")
+        if user is not None and getattr(user, "is_authenticated", False):
+            try:
+                identity = user.identity
+            except NotImplementedError:
+                identity = user.display_name
+            return f"user:{_digest(str(identity))}"
+        return self.fallback(scope)  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return f"AuthenticatedUser(fallback={self.fallback!r})"

@@ -1,0 +1,80 @@
+"""A plan: the hits of one (tier, route) pair, with its policy names and static headers.
+
+Plans are built once per pair and reused, so a request only looks one up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .decision import Verdict
+from .errors import ConfigError
+from .headers import HeaderFormat, policy_name
+from .limit import Hit, Limit
+from .routes import RouteSpec
+from .tiers import Tier
+
+__all__ = ["Plan", "make_plan"]
+
+PolicyKey = tuple[str, Limit]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Plan:
+    """Every hit a request of ``tier`` on ``route`` makes (hashed by identity)."""
+
+    tier: Tier
+    route: RouteSpec
+    hits: tuple[Hit, ...]
+    enforced: tuple[Hit, ...]
+    shadow: frozenset[PolicyKey]
+    names: Mapping[PolicyKey, str]
+    static_headers: tuple[tuple[bytes, bytes], ...]
+
+    def shadow_only(self, verdict: Verdict) -> bool:
+        """True when every limit that denied ``verdict`` is a shadow limit."""
+        shadow = self.shadow
+        return bool(shadow) and all(
+            (d.scope, d.policy) in shadow for d in verdict.decisions if not d.allowed)
+
+    def never(self) -> Hit | None:
+        """A hit whose cost is larger than its limit can ever admit, if any."""
+        return next((hit for hit in self.hits if hit.never), None)
+
+
+def make_plan(tier: Tier, route: RouteSpec, fmt: HeaderFormat) -> Plan:
+    """Join the tier's limits (at the route's cost) and the route's own limits."""
+    tier_hits = tier.hits if route.cost == 1 else tuple(
+        Hit(hit.limit, route.cost, hit.scope) for hit in tier.hits)
+    hits = tier_hits + route.hits
+    shadow = {(hit.scope, hit.limit) for hit in tier_hits if hit.limit.name in tier.shadow}
+    shadow.update((hit.scope, hit.limit) for hit in route.shadow)
+    enforced = tuple(hit for hit in hits if (hit.scope, hit.limit) not in shadow)
+    names: dict[PolicyKey, str] = {}
+    taken: set[str] = set()
+    for hit in hits:
+        slot = (hit.scope, hit.limit)
+        if slot in names:
+            continue
+        base = name = policy_name(hit.limit.name)
+        n = 1
+        while name in taken:
+            n += 1
+            name = f"{base}-{n}"
+        taken.add(name)
+        names[slot] = name
+    named = [(names[(hit.scope, hit.limit)], hit.limit) for hit in hits]
+    return Plan(tier, route, hits, enforced, frozenset(shadow), names, tuple(fmt.static(named)))
+
+
+def check_plan(plan: Plan, method_path: str) -> None:
+    """Fail at start-up when a request could never pass one of its limits."""
+    hit = plan.never()
+    if hit is None:
+        return
+    where = f"route {method_path}" if method_path else "every request"
+    msg = (f"{where} costs {hit.cost} but limit {hit.limit.name!r} ({hit.limit}) of tier "
+           f"{plan.tier.name!r} admits at most {hit.limit.capacity} at once, so it could "
+           f"never pass; lower the cost or raise the limit's capacity (burst)")
+    raise ConfigError(msg)

@@ -1,0 +1,135 @@
+"""The 429 (and fail-closed 503) responses: JSON, ``application/problem+json``, or your own."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal, get_args
+
+from starlette.responses import Response
+from starlette.types import Scope, Send
+
+from .decision import Decision, Verdict
+from .errors import ConfigError
+
+__all__ = [
+    "RESPONSE_FORMATS",
+    "Denial",
+    "DeniedHook",
+    "ResponseFormat",
+    "denial_body",
+    "send_response",
+    "unavailable_body",
+]
+
+ResponseFormat = Literal["json", "problem+json"]
+RESPONSE_FORMATS: tuple[ResponseFormat, ...] = get_args(ResponseFormat)
+PROBLEM_TYPE = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+
+Header = tuple[bytes, bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class Denial:
+    """A request refused by a rate limit: what a custom response hook is given."""
+
+    key: str
+    tier: str
+    route: str
+    verdict: Verdict
+    decision: Decision
+    now: float
+    policies: tuple[str, ...]
+
+    @property
+    def retry_after(self) -> float:
+        """Seconds until the request would be admitted (``math.inf``: never)."""
+        return self.verdict.retry_after
+
+
+DeniedHook = Callable[[Scope, Denial], "Response | Awaitable[Response]"]
+"""``on_denied(scope, denial)`` returns the response to send instead of the default 429."""
+
+
+def check_format(value: str) -> ResponseFormat:
+    """``json`` or ``problem+json``, or a ConfigError."""
+    text = str(value).strip().lower().removeprefix("application/")
+    for known in RESPONSE_FORMATS:
+        if text == known:
+            return known
+    msg = f"unknown response format {value!r}; expected one of {', '.join(RESPONSE_FORMATS)}"
+    raise ConfigError(msg)
+
+
+def _per(decision: Decision) -> str:
+    """``100 requests per minute``."""
+    rate = decision.policy.rate
+    noun = "request" if rate.amount == 1 else "requests"
+    return f"{rate.amount} {noun} per {str(rate).split('/', 1)[1]}"
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def denial_body(denial: Denial, fmt: ResponseFormat = "json") -> tuple[bytes, bytes]:
+    """The content type and body of the 429 for ``denial``."""
+    decision = denial.decision
+    wait = denial.retry_after
+    retry = math.ceil(wait) if math.isfinite(wait) else None
+    if retry is None:
+        message = (f"This request can never be admitted: it costs more than the limit of "
+                   f"{_per(decision)} allows.")
+    else:
+        message = f"Too many requests. You have exceeded {_per(decision)}."
+    fields: dict[str, object] = {
+        "retry_after_seconds": retry,
+        "limit": decision.limit,
+        "window": f"{decision.policy.period:g}s",
+        "reset_at": None if retry is None else _iso(math.ceil(denial.now + wait)),
+    }
+    if fmt == "problem+json":
+        body = {
+            "type": PROBLEM_TYPE,
+            "title": "Request cannot be satisfied as assigned quota has been exceeded",
+            "status": 429,
+            "detail": message,
+            "violated-policies": list(denial.policies),
+            **fields,
+        }
+        return b"application/problem+json", _dump(body)
+    return b"application/json", _dump(
+        {"error": "rate_limit_exceeded", "message": message, **fields})
+
+
+def unavailable_body(retry_after: int) -> bytes:
+    """The body of the 503 sent while the storage is down and the policy is ``closed``."""
+    return _dump({
+        "error": "rate_limit_unavailable",
+        "message": "The rate limiter cannot decide right now; try again shortly.",
+        "retry_after_seconds": retry_after,
+    })
+
+
+def _dump(value: object) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+async def send_response(
+    send: Send, status: int, content_type: bytes, body: bytes, headers: Iterable[Header],
+) -> None:
+    """Send a complete response straight to ASGI, with ``Cache-Control: no-store``."""
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": [
+            (b"content-type", content_type),
+            (b"content-length", str(len(body)).encode()),
+            (b"cache-control", b"no-store"),
+            *headers,
+        ],
+    })
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,206 @@
+"""Configuration from ``RATELIMIT_*`` environment variables and from a TOML file.
+
+Example TOML (top level, or under the table named by ``table=``)::
+
+    storage_url = "redis://localhost:6379/0"
+    header_style = "legacy+draft-11"
+    failure_mode = "memory"
+    trusted_proxies = ["10.0.0.0/8"]
+    exempt_paths = ["/health"]
+    default_tier = "free"
+
+    [tiers.free]
+    limits = [
+        { rate = "10/minute", algorithm = "token_bucket", burst = 20, name = "burst" },
+        { rate = "1000/day", name = "daily" },
+    ]
+
+    [[routes]]
+    path = "/search"
+    methods = ["GET"]
+    limits = "5/minute"
+    cost = 2
+
+Environment variables override the file: ``RATELIMIT_HEADER_STYLE=draft-11``;
+lists are comma-separated (``RATELIMIT_TRUSTED_PROXIES=10.0.0.1,10.0.0.2``);
+``RATELIMIT_TIERS`` and ``RATELIMIT_ROUTES`` take JSON.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from .errors import ConfigError
+from .failure import FailureMode, check_mode
+from .headers import parse_header_style
+from .keys import TrustedProxies
+from .limit import Limit
+from .responses import check_format
+from .routes import RouteRule
+from .tiers import Tier, TierTable
+
+__all__ = ["LimitConfig", "RateLimitSettings", "RouteConfig", "TierConfig"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LimitConfig(_Strict):
+    """One limit: ``{rate = "10/minute", algorithm = "token_bucket", burst = 20}``."""
+
+    rate: str
+    algorithm: str = "sliding_window"
+    burst: int | None = None
+    name: str = ""
+
+    def build(self) -> Limit:
+        return Limit.parse(self.rate, self.algorithm, burst=self.burst, name=self.name)
+
+
+LimitsField = str | list[str | LimitConfig]
+
+
+def _limits(value: LimitsField, algorithm: str) -> list[Limit | str]:
+    from .limit import limits_from
+
+    items = [value] if isinstance(value, str) else value
+    out: list[Limit | str] = []
+    for item in items:
+        if isinstance(item, LimitConfig):
+            out.append(item.build())
+        else:
+            out.extend(limits_from(item, algorithm))
+    return out
+
+
+class TierConfig(_Strict):
+    """A tier: its limits (``algorithm`` applies to those given as plain rates)."""
+
+    limits: LimitsField = []
+    algorithm: str = "sliding_window"
+    concurrency: int | None = None
+    shadow: list[str] = []
+
+    def build(self, name: str) -> Tier:
+        return Tier(name, _limits(self.limits, self.algorithm),  # type: ignore[arg-type]
+                    self.concurrency, frozenset(self.shadow))
+
+
+class RouteConfig(_Strict):
+    """Limits, cost or exemption for paths matching ``path`` and ``methods``."""
+
+    path: str
+    methods: list[str] = []
+    limits: LimitsField = []
+    algorithm: str = "sliding_window"
+    cost: int = 1
+    exempt: bool = False
+    shadow: bool = False
+
+    def build(self) -> RouteRule:
+        return RouteRule(self.path, frozenset(self.methods),
+                         _limits(self.limits, self.algorithm),  # type: ignore[arg-type]
+                         self.cost, self.exempt, self.shadow)
+
+
+def _split(value: Any) -> Any:
+    """``"a, b"`` from an environment variable -> ``["a", "b"]``."""
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
+
+
+class RateLimitSettings(BaseSettings):
+    """Everything the middleware can be configured with, validated when loaded."""
+
+    model_config = SettingsConfigDict(env_prefix="RATELIMIT_", extra="forbid", frozen=True)
+
+    storage_url: str = "memory://"
+    storage_prefix: str = "ratelimit:"
+    storage_timeout: float = 0.05
+    recovery_interval: float = 2.0
+    failure_mode: FailureMode = "open"
+    header_style: str = "legacy"
+    response_format: Literal["json", "problem+json"] = "json"
+    key: Literal["ip", "api_key", "user"] = "ip"
+    api_key_header: str = "x-api-key"
+    trusted_proxies: Annotated[list[str], NoDecode] = []
+    ipv6_prefix: int = 64
+    default_limits: str = "100/minute"
+    default_tier: str | None = None
+    tiers: dict[str, TierConfig] = {}
+    tier_header: str | None = None
+    routes: list[RouteConfig] = []
+    exempt_paths: Annotated[list[str], NoDecode] = []
+    shadow: bool = False
+    limit_websockets: bool = False
+    blocked_cache_size: int = 10_000
+
+    @field_validator("trusted_proxies", "exempt_paths", mode="before")
+    @classmethod
+    def _lists(cls, value: Any) -> Any:
+        return _split(value)
+
+    @field_validator("header_style")
+    @classmethod
+    def _style(cls, value: str) -> str:
+        parse_header_style(value)
+        return value
+
+    @field_validator("failure_mode", mode="before")
+    @classmethod
+    def _mode(cls, value: Any) -> Any:
+        return check_mode(value) if isinstance(value, str) else value
+
+    @field_validator("response_format", mode="before")
+    @classmethod
+    def _format(cls, value: Any) -> Any:
+        return check_format(value) if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _build_check(self) -> RateLimitSettings:
+        # Build everything once so a bad rate, algorithm or tier name fails at load time.
+        TrustedProxies(self.trusted_proxies)
+        self.build_tiers()
+        self.build_routes()
+        if not 1 <= self.ipv6_prefix <= 128:
+            msg = f"ipv6_prefix must be from 1 to 128, got {self.ipv6_prefix}"
+            raise ConfigError(msg)
+        return self
+
+    def build_tiers(self) -> TierTable:
+        """The configured tiers, or one ``default`` tier of ``default_limits``."""
+        if self.tiers:
+            tiers = [config.build(name) for name, config in self.tiers.items()]
+        else:
+            tiers = [Tier(self.default_tier or "default", self.default_limits)]
+        return TierTable(tiers, self.default_tier)
+
+    def build_routes(self) -> list[RouteRule]:
+        """The configured route rules."""
+        return [config.build() for config in self.routes]
+
+    @classmethod
+    def from_toml(cls, path: str | Path, *, table: str | None = None) -> RateLimitSettings:
+        """Settings from a TOML file (optionally one dotted ``table`` of it, e.g.
+        ``"tool.ratelimit"``); ``RATELIMIT_*`` environment variables override it."""
+        try:
+            with open(path, "rb") as file:
+                data: Any = tomllib.load(file)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            msg = f"couldn't read rate-limit settings from {str(path)!r}: {exc}"
+            raise ConfigError(msg) from exc
+        for part in table.split(".") if table else ():
+            data = data.get(part) if isinstance(data, dict) else None
+            if not isinstance(data, dict):
+                msg = f"{str(path)!r} has no table [{table}]"
+                raise ConfigError(msg)
+        env = cls()
+        merged = {**data, **env.model_dump(include=env.model_fields_set)}
+        return cls.model_validate(merged)

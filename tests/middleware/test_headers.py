@@ -1,0 +1,133 @@
+"""Rate-limit headers in each style, on allowed and denied responses."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ratelimit_mw import ConfigError, Limit, MemoryStorage
+from ratelimit_mw.headers import parse_header_style, retry_after_value
+from ratelimit_mw.tiers import Tier
+from tests.conftest import FakeClock
+
+from .conftest import client_for, make_app
+
+# The fake clock starts 20 s into an epoch-aligned minute: a fixed window resets in 40 s.
+FIXED = [Limit.parse("5/minute", "fixed_window", name="minute")]
+RESET_EPOCH = 1_700_000_040
+RATE_HEADERS = ("x-ratelimit-", "ratelimit")
+
+
+def _rate_headers(response: object) -> dict[str, str]:
+    headers = response.headers  # type: ignore[attr-defined]
+    return {k: v for k, v in headers.items() if k.startswith(RATE_HEADERS) or k == "retry-after"}
+
+
+async def _first(style: str, clock: FakeClock, memory: MemoryStorage) -> dict[str, str]:
+    app = make_app(tiers=[Tier("t", FIXED)], storage=memory, clock=clock, header_style=style)
+    async with client_for(app) as client:
+        response = await client.get("/")
+    assert response.status_code == 200
+    return _rate_headers(response)
+
+
+async def test_legacy_headers_exact(clock: FakeClock, memory: MemoryStorage) -> None:
+    """legacy: X-RateLimit-Limit/Remaining/Reset (epoch) and Policy with a comment."""
+    assert await _first("legacy", clock, memory) == {
+        "x-ratelimit-limit": "5",
+        "x-ratelimit-remaining": "4",
+        "x-ratelimit-reset": str(RESET_EPOCH),
+        "x-ratelimit-policy": '5;w=60;comment="per minute"',
+    }
+
+
+async def test_draft6_headers_exact(clock: FakeClock, memory: MemoryStorage) -> None:
+    """draft-6: RateLimit-Limit/Remaining/Reset (delta seconds) and RateLimit-Policy."""
+    assert await _first("draft-6", clock, memory) == {
+        "ratelimit-limit": "5",
+        "ratelimit-remaining": "4",
+        "ratelimit-reset": "40",
+        "ratelimit-policy": "5;w=60",
+    }
+
+
+async def test_draft7_headers_exact(clock: FakeClock, memory: MemoryStorage) -> None:
+    """draft-7: one combined RateLimit header and RateLimit-Policy."""
+    assert await _first("draft-7", clock, memory) == {
+        "ratelimit": "limit=5, remaining=4, reset=40",
+        "ratelimit-policy": "5;w=60",
+    }
+
+
+async def test_draft11_headers_exact(clock: FakeClock, memory: MemoryStorage) -> None:
+    """draft-11: structured RateLimit-Policy and RateLimit naming the policy."""
+    assert await _first("draft-11", clock, memory) == {
+        "ratelimit-policy": '"minute";q=5;w=60',
+        "ratelimit": '"minute";r=4;t=40',
+    }
+
+
+async def test_legacy_plus_draft11(clock: FakeClock, memory: MemoryStorage) -> None:
+    """A combined style sends both sets of headers."""
+    headers = await _first("legacy+draft-11", clock, memory)
+    assert headers["x-ratelimit-remaining"] == "4"
+    assert headers["ratelimit"] == '"minute";r=4;t=40'
+
+
+async def test_no_headers_style(clock: FakeClock, memory: MemoryStorage) -> None:
+    """header_style='none' sends no rate-limit header at all."""
+    assert await _first("none", clock, memory) == {}
+
+
+async def test_draft11_lists_every_policy(clock: FakeClock, memory: MemoryStorage) -> None:
+    """draft-11 lists every limit; legacy reports the one nearest exhaustion."""
+    tier = Tier("t", [Limit.parse("100/minute", "fixed_window", name="minute"),
+                      Limit.parse("3/hour", "fixed_window", name="hourly")])
+    app = make_app(tiers=[tier], storage=memory, clock=clock, header_style="legacy+draft-11")
+    async with client_for(app) as client:
+        response = await client.get("/")
+    # 1_700_000_000 is 800 s past an epoch-aligned hour: the hour resets in 2800 s.
+    assert response.headers["ratelimit-policy"] == '"minute";q=100;w=60,"hourly";q=3;w=3600'
+    assert response.headers["ratelimit"] == '"minute";r=99;t=40,"hourly";r=2;t=2800'
+    assert response.headers["x-ratelimit-limit"] == "3"
+    assert response.headers["x-ratelimit-reset"] == str(1_700_002_800)
+
+
+async def test_retry_after_only_on_429(clock: FakeClock, memory: MemoryStorage) -> None:
+    """Retry-After is absent on allowed responses and an integer on the 429."""
+    app = make_app(tiers=[Tier("t", "1/minute")], storage=memory, clock=clock)
+    async with client_for(app) as client:
+        allowed = await client.get("/")
+        denied = await client.get("/")
+    assert "retry-after" not in allowed.headers
+    assert denied.status_code == 429
+    assert denied.headers["retry-after"].isdigit()
+    assert denied.headers["x-ratelimit-remaining"] == "0"
+
+
+@pytest.mark.parametrize(("seconds", "expected"), [
+    (0.0, b"0"), (0.000001, b"1"), (17.2, b"18"), (18.0, b"18"), (2.999999, b"3"),
+])
+def test_retry_after_rounds_up(seconds: float, expected: bytes) -> None:
+    """Retry-After rounds a fractional wait up, never down."""
+    assert retry_after_value(seconds) == expected
+
+
+def test_retry_after_never_is_absent() -> None:
+    """A wait that never ends has no Retry-After value."""
+    assert retry_after_value(math.inf) is None
+
+
+@pytest.mark.parametrize("style", ["legacy", "draft-6", "draft7", "DRAFT-11", "legacy+draft-6",
+                                   "none"])
+def test_header_styles_parse(style: str) -> None:
+    """Known styles and legacy combinations parse, case-insensitively."""
+    parse_header_style(style)
+
+
+@pytest.mark.parametrize("style", ["draft-8", "legacy+legacy", "draft-7+draft-11", "x"])
+def test_bad_header_style_is_a_config_error(style: str) -> None:
+    """Unknown or colliding styles are refused with a clear error."""
+    with pytest.raises(ConfigError, match="header style"):
+        parse_header_style(style)

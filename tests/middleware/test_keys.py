@@ -1,0 +1,153 @@
+"""Keys: the client IP behind trusted proxies, API keys, authenticated users."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from starlette.authentication import AuthCredentials, AuthenticationBackend, SimpleUser
+from starlette.middleware.authentication import AuthenticationMiddleware
+from starlette.requests import HTTPConnection
+
+from ratelimit_mw import ConfigError, MemoryStorage
+from ratelimit_mw.keys import APIKey, AuthenticatedUser, ClientIP, TrustedProxies
+from ratelimit_mw.tiers import Tier
+from tests.conftest import FakeClock
+
+from .conftest import client_for, make_app
+
+
+def scope_from(peer: str | None, headers: list[tuple[str, str]] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+    return {
+        "type": "http",
+        "client": (peer, 1234) if peer is not None else None,
+        "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers],
+    }
+
+
+@pytest.mark.parametrize(("trusted", "peer", "headers", "expected"), [
+    # No proxy trusted: the peer, whatever the headers say.
+    ([], "203.0.113.7", [("X-Forwarded-For", "1.2.3.4")], "ip:203.0.113.7"),
+    # A trusted proxy: the rightmost untrusted hop.
+    (["10.0.0.1"], "10.0.0.1", [("X-Forwarded-For", "1.2.3.4")], "ip:1.2.3.4"),
+    (["10.0.0.0/8"], "10.0.0.1", [("X-Forwarded-For", "6.6.6.6, 1.2.3.4, 10.0.0.2")],
+     "ip:1.2.3.4"),
+    # An untrusted peer sending the header changes nothing.
+    (["10.0.0.1"], "198.51.100.9", [("X-Forwarded-For", "1.2.3.4")], "ip:198.51.100.9"),
+    # Every hop trusted: the leftmost one.
+    (["10.0.0.0/8"], "10.0.0.1", [("X-Forwarded-For", "10.0.0.3, 10.0.0.2")], "ip:10.0.0.3"),
+    # A trusted proxy without the header: the proxy itself.
+    (["10.0.0.1"], "10.0.0.1", [], "ip:10.0.0.1"),
+    # Forwarded (RFC 7239), with quotes, ports and IPv6 brackets.
+    (["10.0.0.1"], "10.0.0.1", [("Forwarded", 'for="[2001:db8::1]:4711";proto=https')],
+     "ip:2001:db8::/64"),
+    (["10.0.0.1"], "10.0.0.1", [("Forwarded", "for=192.0.2.60:8080, for=10.0.0.1")],
+     "ip:192.0.2.60"),
+    # Garbage from a trusted proxy stops the walk at the last hop we believe.
+    (["10.0.0.1"], "10.0.0.1", [("X-Forwarded-For", "not-an-ip")], "ip:10.0.0.1"),
+    (["10.0.0.1"], "10.0.0.1", [("Forwarded", "for")], "ip:10.0.0.1"),
+    # IPv6 peers are grouped by /64; IPv4-mapped addresses are IPv4.
+    ([], "2001:db8:1:2:3:4:5:6", [], "ip:2001:db8:1:2::/64"),
+    ([], "::ffff:192.0.2.1", [], "ip:192.0.2.1"),
+    # No client at all (a unix socket).
+    ([], None, [], "ip:-"),
+])
+def test_client_ip(trusted: list[str], peer: str | None, headers: list[tuple[str, str]],
+                   expected: str) -> None:
+    """The client IP follows forwarding headers only from trusted proxies."""
+    assert ClientIP(trusted)(scope_from(peer, headers)) == expected
+
+
+def test_ipv6_prefix_is_configurable() -> None:
+    """ipv6_prefix=128 keeps whole IPv6 addresses apart."""
+    key = ClientIP(ipv6_prefix=128)(scope_from("2001:db8::1"))
+    assert key == "ip:2001:db8::1"
+
+
+def test_bad_trusted_proxy_is_a_config_error() -> None:
+    """A trusted proxy that is not an address or network fails at start-up."""
+    with pytest.raises(ConfigError, match="trusted proxy"):
+        TrustedProxies(["10.0.0.300"])
+
+
+def test_trusting_everyone_warns(caplog: pytest.LogCaptureFixture) -> None:
+    """Trusting '*' logs a warning at start-up."""
+    ClientIP("*")
+    assert "every peer is a trusted proxy" in caplog.text
+
+
+def test_untrusted_forwarding_headers_warn_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Forwarding headers from an untrusted peer warn once, when proxies are configured."""
+    key = ClientIP(["10.0.0.1"])
+    for _ in range(3):
+        key(scope_from("198.51.100.9", [("X-Forwarded-For", "1.2.3.4")]))
+    warnings = [r for r in caplog.records if "not a trusted proxy" in r.getMessage()]
+    assert len(warnings) == 1
+    assert warnings[0].levelno == logging.WARNING
+
+
+async def test_spoofed_forwarded_for_does_not_change_the_key(
+    clock: FakeClock, memory: MemoryStorage,
+) -> None:
+    """An untrusted client rotating X-Forwarded-For stays one key and gets limited."""
+    app = make_app(tiers=[Tier("t", "2/minute")], storage=memory, clock=clock,
+                   trusted_proxies=["10.0.0.1"])
+    async with client_for(app) as client:
+        codes = [(await client.get("/", headers={"x-forwarded-for": f"1.2.3.{i}"})).status_code
+                 for i in range(4)]
+    assert codes == [200, 200, 429, 429]
+
+
+async def test_trusted_proxy_forwards_distinct_clients(
+    clock: FakeClock, memory: MemoryStorage,
+) -> None:
+    """Behind a trusted proxy each forwarded client has its own quota."""
+    app = make_app(tiers=[Tier("t", "1/minute")], storage=memory, clock=clock,
+                   trusted_proxies="10.0.0.1")
+    async with client_for(app, ("10.0.0.1", 5)) as proxy:
+        codes = [(await proxy.get("/", headers={"x-forwarded-for": ip})).status_code
+                 for ip in ["1.1.1.1", "2.2.2.2", "1.1.1.1"]]
+    assert codes == [200, 200, 429]
+
+
+def test_api_key_is_hashed_and_falls_back_to_ip() -> None:
+    """An API key becomes a digest (never stored in clear); without one, the client IP."""
+    key = APIKey("X-API-Key")
+    with_key = key(scope_from("203.0.113.7", [("X-API-Key", "secret-123")]))
+    assert with_key is not None and with_key.startswith("apikey:")
+    assert "secret-123" not in with_key
+    assert with_key == key(scope_from("198.51.100.1", [("x-api-key", " secret-123 ")]))
+    assert key(scope_from("203.0.113.7")) == "ip:203.0.113.7"
+
+
+async def test_api_key_keys_requests(clock: FakeClock, memory: MemoryStorage) -> None:
+    """key='api_key' counts per API key, whatever the IP."""
+    app = make_app(tiers=[Tier("t", "1/minute")], storage=memory, clock=clock, key="api_key")
+    async with client_for(app) as one, client_for(app, ("198.51.100.1", 1)) as two:
+        assert (await one.get("/", headers={"x-api-key": "k1"})).status_code == 200
+        assert (await two.get("/", headers={"x-api-key": "k1"})).status_code == 429
+        assert (await two.get("/", headers={"x-api-key": "k2"})).status_code == 200
+
+
+class _HeaderAuth(AuthenticationBackend):
+    async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, SimpleUser] | None:
+        name = conn.headers.get("x-user")
+        return (AuthCredentials(["authenticated"]), SimpleUser(name)) if name else None
+
+
+async def test_authenticated_user_key(clock: FakeClock, memory: MemoryStorage) -> None:
+    """key='user' counts per authenticated user; anonymous requests per IP."""
+    app = make_app(tiers=[Tier("t", "1/minute")], storage=memory, clock=clock, key="user")
+    app.add_middleware(AuthenticationMiddleware, backend=_HeaderAuth())
+    async with client_for(app) as client:
+        assert (await client.get("/", headers={"x-user": "alice"})).status_code == 200
+        assert (await client.get("/", headers={"x-user": "alice"})).status_code == 429
+        assert (await client.get("/", headers={"x-user": "bob"})).status_code == 200
+        assert (await client.get("/")).status_code == 200
+        assert (await client.get("/")).status_code == 429
+
+
+def test_user_key_without_user_is_ip() -> None:
+    """Without scope['user'] the user key is the client IP."""
+    assert AuthenticatedUser()(scope_from("203.0.113.7")) == "ip:203.0.113.7"

@@ -1,0 +1,132 @@
+"""Settings from RATELIMIT_* environment variables and TOML files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from ratelimit_mw import ConfigError, MemoryStorage
+from ratelimit_mw.settings import RateLimitSettings
+from tests.conftest import FakeClock
+
+from .conftest import client_for, make_app
+
+TOML = """
+storage_url = "memory://"
+header_style = "legacy+draft-11"
+failure_mode = "closed"
+trusted_proxies = ["10.0.0.0/8"]
+exempt_paths = ["/health"]
+default_tier = "free"
+
+[tiers.free]
+limits = [
+    { rate = "10/minute", algorithm = "token_bucket", burst = 20, name = "burst" },
+    { rate = "1000/day", name = "daily" },
+]
+concurrency = 4
+shadow = ["daily"]
+
+[tiers.pro]
+limits = "100/minute; 10000/day"
+algorithm = "fixed_window"
+
+[[routes]]
+path = "/search"
+methods = ["GET"]
+limits = "5/minute"
+cost = 2
+"""
+
+
+def test_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The four documented variables (and lists as comma-separated values) are read."""
+    monkeypatch.setenv("RATELIMIT_STORAGE_URL", "redis://cache:6379/1")
+    monkeypatch.setenv("RATELIMIT_HEADER_STYLE", "draft-11")
+    monkeypatch.setenv("RATELIMIT_FAILURE_MODE", "memory")
+    monkeypatch.setenv("RATELIMIT_TRUSTED_PROXIES", "10.0.0.1, 192.168.0.0/16")
+    settings = RateLimitSettings()
+    assert settings.storage_url == "redis://cache:6379/1"
+    assert settings.header_style == "draft-11"
+    assert settings.failure_mode == "memory"
+    assert settings.trusted_proxies == ["10.0.0.1", "192.168.0.0/16"]
+
+
+def test_tiers_from_environment_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RATELIMIT_TIERS takes JSON."""
+    monkeypatch.setenv("RATELIMIT_TIERS", '{"gold": {"limits": "50/second"}}')
+    table = RateLimitSettings().build_tiers()
+    assert table.default.name == "gold"
+    assert table.default.limits[0].rate.amount == 50  # type: ignore[index]
+
+
+def test_toml_file(tmp_path: Path) -> None:
+    """A TOML file configures tiers (any algorithm), routes and the rest."""
+    path = tmp_path / "ratelimit.toml"
+    path.write_text(TOML)
+    settings = RateLimitSettings.from_toml(path)
+    table = settings.build_tiers()
+    assert list(table.tiers) == ["free", "pro"]
+    free = table.default
+    assert free.names == ("burst", "daily")
+    assert free.concurrency == 4
+    assert free.shadow == frozenset({"daily"})
+    assert {lim.algorithm for lim in table.tiers["pro"].limits} == {"fixed_window"}  # type: ignore[union-attr]
+    [rule] = settings.build_routes()
+    assert rule.methods == frozenset({"GET"}) and rule.cost == 2
+
+
+def test_environment_overrides_toml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An environment variable wins over the file."""
+    path = tmp_path / "ratelimit.toml"
+    path.write_text(TOML)
+    monkeypatch.setenv("RATELIMIT_HEADER_STYLE", "draft-7")
+    settings = RateLimitSettings.from_toml(path)
+    assert settings.header_style == "draft-7"
+    assert settings.failure_mode == "closed"
+
+
+def test_toml_table(tmp_path: Path) -> None:
+    """Settings may live in a table of a larger file, e.g. [tool.ratelimit]."""
+    path = tmp_path / "pyproject.toml"
+    path.write_text('[tool.ratelimit]\ndefault_limits = "7/second"\n')
+    settings = RateLimitSettings.from_toml(path, table="tool.ratelimit")
+    assert settings.build_tiers().default.limits[0].rate.amount == 7  # type: ignore[index]
+    with pytest.raises(ConfigError, match="no table"):
+        RateLimitSettings.from_toml(path, table="tool.other")
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("header_style", "draft-99", "unknown header style"),
+    ("failure_mode", "maybe", "unknown failure mode"),
+    ("default_limits", "lots/minute", "couldn't parse rate"),
+    ("tiers", {"free": {"limits": [{"rate": "1/minute", "algorithm": "magic"}]}},
+     "unknown algorithm"),
+    ("routes", [{"path": "/x", "limits": "1/minute", "algorithm": "nope"}], "unknown algorithm"),
+    ("trusted_proxies", ["example.com"], "trusted proxy"),
+    ("response_format", "xml", "unknown response format"),
+])
+def test_bad_settings_fail_when_loaded(field: str, value: object, message: str) -> None:
+    """Bad styles, modes, rates, algorithms and tier names fail at load, clearly."""
+    with pytest.raises(ValidationError, match=message):
+        RateLimitSettings(**{field: value})  # type: ignore[arg-type]
+
+
+def test_unknown_default_tier_fails_when_loaded() -> None:
+    """default_tier must name one of the configured tiers."""
+    with pytest.raises(ValidationError, match="unknown tier 'gold'"):
+        RateLimitSettings(tiers={"free": {"limits": "1/minute"}}, default_tier="gold")
+
+
+async def test_middleware_reads_toml_settings(
+    tmp_path: Path, clock: FakeClock, memory: MemoryStorage,
+) -> None:
+    """Settings loaded from TOML drive the middleware (here: the free tier's headers)."""
+    path = tmp_path / "ratelimit.toml"
+    path.write_text(TOML)
+    app = make_app(settings=RateLimitSettings.from_toml(path), storage=memory, clock=clock)
+    async with client_for(app) as client:
+        response = await client.get("/")
+    assert response.headers["ratelimit-policy"] == '"burst";q=20;w=60,"daily";q=1000;w=86400'

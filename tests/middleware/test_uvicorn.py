@@ -1,0 +1,70 @@
+"""A real uvicorn server on a loopback port, deciding on the shared Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import uvicorn
+
+from ratelimit_mw import Limit
+from ratelimit_mw.tiers import Tier
+from tests.conftest import free_port
+
+from .conftest import make_app
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def server_url(redis_url: str, redis_prefix: str) -> Iterator[str]:
+    """A uvicorn server (in a thread) running the middleware on Redis; its base URL."""
+    tier = Tier("t", [Limit.parse("1/second", "fixed_window", name="second"),
+                      Limit.parse("100/hour", name="hour")])
+    app = make_app(tiers=[tier], storage_url=redis_url, storage_prefix=redis_prefix,
+                   header_style="legacy+draft-11", failure_mode="closed")
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                            ws="none", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            pytest.fail("uvicorn did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+async def test_real_server_limits_and_waiting_retry_after_passes(server_url: str) -> None:
+    """Over real HTTP: 200, then a 429 with Retry-After; waiting exactly that passes."""
+    async with httpx.AsyncClient(base_url=server_url) as client:
+        # Start just after a second boundary so the two requests share a window.
+        await asyncio.sleep(1 - time.time() % 1 + 0.01)
+        first = await client.get("/")
+        denied = await client.get("/")
+        assert first.status_code == 200
+        assert first.headers["x-ratelimit-limit"] == "1"
+        assert first.headers["x-ratelimit-remaining"] == "0"
+        assert first.headers["ratelimit-policy"] == '"second";q=1;w=1,"hour";q=100;w=3600'
+        assert first.headers["ratelimit"].startswith('"second";r=0;t=1,"hour";r=99;')
+        assert denied.status_code == 429
+        assert denied.headers["retry-after"] == "1"
+        assert denied.headers["cache-control"] == "no-store"
+        body = denied.json()
+        assert body["error"] == "rate_limit_exceeded"
+        assert body["retry_after_seconds"] == 1
+        assert body["window"] == "1s"
+        await asyncio.sleep(int(denied.headers["retry-after"]))
+        again = await client.get("/")
+    assert again.status_code == 200
+    assert '"hour";r=98;' in again.headers["ratelimit"]
