@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -152,3 +153,60 @@ async def test_unreachable_redis_raises_storage_error() -> None:
         assert not await dead.ping()
     finally:
         await dead.close()
+
+
+async def test_concurrent_decisions_share_one_pipeline(
+    storage: RedisStorage, raw: aioredis.Redis, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Decisions asked in one event-loop tick go out together, and each gets its answer."""
+    flushes: list[int] = []
+    original = storage._pipelined
+
+    async def counting(batch: Any) -> Any:
+        flushes.append(len(batch))
+        return await original(batch)
+
+    monkeypatch.setattr(storage, "_pipelined", counting)
+    hit = Hit(Limit.parse("5/minute", "fixed_window"))
+    verdicts = await asyncio.gather(*(storage.decide(f"p{i % 4}", [hit]) for i in range(40)))
+    assert flushes == [40]
+    assert sum(v.allowed for v in verdicts) == 20  # 5 for each of 4 keys
+    for i in range(4):
+        remaining = sorted(v.decisions[0].remaining for j, v in enumerate(verdicts) if j % 4 == i)
+        assert remaining == [0] * 6 + [1, 2, 3, 4]  # 5 admitted (4..0), then 5 denied (0)
+
+
+async def test_a_pipeline_reloads_the_script_after_a_flush(
+    storage: RedisStorage, raw: aioredis.Redis,
+) -> None:
+    """NOSCRIPT inside a pipeline loads the script again; every decision still counts."""
+    hit = Hit(Limit.parse("3/minute", "sliding_log"))
+    await storage.decide("warm", [hit])
+    await raw.script_flush()
+    verdicts = await asyncio.gather(*(storage.decide("reload", [hit]) for _ in range(10)))
+    assert sum(v.allowed for v in verdicts) == 3
+
+
+async def test_a_failed_pipeline_fails_every_waiter_cleanly() -> None:
+    """When Redis is gone, every caller of the batch gets a StorageError."""
+    from ratelimit_mw import StorageError
+    from tests.conftest import free_port
+
+    dead = RedisStorage.from_url(f"redis://127.0.0.1:{free_port()}/0", timeout=0.2)
+    try:
+        results = await asyncio.gather(
+            *(dead.decide(f"k{i}", [Hit(Limit.parse("1/second"))]) for i in range(5)),
+            return_exceptions=True)
+        assert all(isinstance(r, StorageError) for r in results), results
+    finally:
+        await dead.close()
+
+
+async def test_a_caller_that_gives_up_leaves_the_batch_intact(storage: RedisStorage) -> None:
+    """A cancelled waiter (a middleware timeout) does not break its batch-mates."""
+    hit = Hit(Limit.parse("100/minute", "fixed_window"))
+    tasks = [asyncio.ensure_future(storage.decide("gave-up", [hit])) for _ in range(6)]
+    tasks[0].cancel()
+    done = await asyncio.gather(*tasks, return_exceptions=True)
+    assert isinstance(done[0], asyncio.CancelledError)
+    assert all(v.allowed for v in done[1:])  # type: ignore[union-attr]

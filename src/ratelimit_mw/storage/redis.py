@@ -50,7 +50,8 @@ class RedisStorage(Storage):
     Errors are raised as ``StorageError``; what to do then is the caller's policy.
     """
 
-    __slots__ = ("_client", "_clock", "_owns_client", "_script", "prefix", "retention")
+    __slots__ = ("_batch", "_client", "_clock", "_flushes", "_owns_client", "_script",
+                 "pipeline", "prefix", "retention")
 
     def __init__(
         self,
@@ -60,8 +61,14 @@ class RedisStorage(Storage):
         clock: Callable[[], float] | None = None,
         owns_client: bool = False,
         usage_retention: UsageRetention = UsageRetention(),  # noqa: B008 - immutable
+        pipeline: bool | None = None,
     ) -> None:
         self.prefix = check_prefix(prefix)
+        # Decisions asked for in the same event-loop tick go out as one pipeline: one
+        # write and one read for many requests. Plain Redis only (Cluster routes per key).
+        self.pipeline = isinstance(client, Redis) if pipeline is None else pipeline
+        self._batch: list[tuple[list[str], list[str | int], asyncio.Future[Any]]] = []
+        self._flushes: set[asyncio.Task[None]] = set()
         self.retention = UsageRetention(*usage_retention).check()
         self._client = client
         self._owns_client = owns_client
@@ -124,7 +131,10 @@ class RedisStorage(Storage):
         if usage:
             keys.append(f"{tag}u:")
         try:
-            reply = await self._script(keys=keys, args=args)
+            if self.pipeline:
+                reply = await self._batched(keys, args)
+            else:
+                reply = await self._script(keys=keys, args=args)
         except _FAILURES as exc:
             msg = f"redis could not decide for {len(hits)} limit(s): {exc}"
             raise StorageError(msg) from exc
@@ -137,6 +147,60 @@ class RedisStorage(Storage):
             decision_from(hit, bool(reply[i]), reply[i + 1], reply[i + 2], reply[i + 3])
             for hit, i in zip(hits, range(1, len(reply), 4), strict=True)
         ), leases)
+
+    async def _batched(self, keys: list[str], args: list[str | int]) -> Any:
+        """Run the script in the next pipeline flush, with whatever else joins it."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        if not self._batch:
+            loop.call_soon(self._flush)
+        self._batch.append((keys, args, future))
+        return await future
+
+    def _flush(self) -> None:
+        batch, self._batch = self._batch, []
+        task = asyncio.ensure_future(self._send(batch))
+        self._flushes.add(task)  # a reference, so the task is not collected mid-flight
+        task.add_done_callback(self._flushes.discard)
+
+    async def _send(self, batch: list[tuple[list[str], list[str | int], asyncio.Future[Any]]],
+                    ) -> None:
+        """One round trip for the whole batch; NOSCRIPT (a restarted Redis) loads it again."""
+        try:
+            if len(batch) == 1:
+                keys, args, _ = batch[0]
+                replies: list[Any] = [await self._script(keys=keys, args=args)]
+            else:
+                replies = await self._pipelined(batch)
+                if any(isinstance(reply, redis_errors.NoScriptError) for reply in replies):
+                    await self._client.script_load(self._script.script)
+                    replies = await self._pipelined(batch)
+        except BaseException as exc:  # handed to every waiter, then re-raised if not an error
+            for _, _, future in batch:
+                if future.done():
+                    continue
+                if isinstance(exc, asyncio.CancelledError):
+                    future.cancel()
+                else:
+                    future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, _, future), reply in zip(batch, replies, strict=True):
+            if future.done():
+                continue  # its caller gave up (a timeout); the decision stands
+            if isinstance(reply, Exception):
+                future.set_exception(reply)
+            else:
+                future.set_result(reply)
+
+    async def _pipelined(
+        self, batch: list[tuple[list[str], list[str | int], asyncio.Future[Any]]],
+    ) -> list[Any]:
+        async with self._client.pipeline(transaction=False) as pipe:
+            for keys, args, _ in batch:
+                pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+            return list(await pipe.execute(raise_on_error=False))
 
     async def release(self, leases: Sequence[Lease]) -> None:
         try:
