@@ -37,8 +37,8 @@ class LimitsMiddleware:
 
     def __init__(self, app: ASGIApp, storage_uri: str) -> None:
         import limits
-        from limits.storage import storage_from_string
         from limits.aio.strategies import SlidingWindowCounterRateLimiter
+        from limits.storage import storage_from_string
 
         options = {"implementation": "redispy"} if storage_uri.startswith("async+redis") else {}
         self.app = app
@@ -95,7 +95,8 @@ def _asgi_ratelimit(redis_url: str | None) -> ASGIApp:
     async def client_ip(scope: Scope) -> tuple[str, str]:
         return (scope["client"][0] if scope.get("client") else "-"), "default"
 
-    backend = MemoryBackend() if redis_url is None else RedisBackend(StrictRedis.from_url(redis_url))
+    backend = (MemoryBackend() if redis_url is None
+               else RedisBackend(StrictRedis.from_url(redis_url)))
     return RateLimitMiddleware(Starlette(routes=[Route("/", hello)]), client_ip, backend,
                                {r"^/": [Rule(minute=NEVER_REACHED)]})
 
