@@ -123,11 +123,17 @@ def merge_hits(hits: Sequence[Hit]) -> Sequence[Hit]:
 
     Two hits on one counter must consume from one state, not overwrite each other.
     """
-    if len(hits) < 2:
+    count = len(hits)
+    if count < 2:
+        return hits
+    slots = [hit.slot for hit in hits]
+    if count <= 8:  # the usual few limits: pairwise checks beat building a dict
+        if not any(slots[i] in slots[i + 1:] for i in range(count - 1)):
+            return hits
+    elif len(set(slots)) == count:
         return hits
     merged: dict[tuple[str, str], Hit] = {}
     for hit in hits:
-        slot = (hit.scope, hit.limit.uid)
-        seen = merged.get(slot)
-        merged[slot] = hit if seen is None else Hit(seen.limit, seen.cost + hit.cost, hit.scope)
-    return hits if len(merged) == len(hits) else list(merged.values())
+        seen = merged.get(hit.slot)
+        merged[hit.slot] = hit if seen is None else Hit(seen.limit, seen.cost + hit.cost, hit.scope)
+    return list(merged.values())
