@@ -53,12 +53,15 @@ class Lease(NamedTuple):
 class Verdict(NamedTuple):
     """All the limits of one request, decided together: admitted only if all admit.
 
-    ``leases`` holds the concurrency slots the request took (empty when denied).
+    ``leases`` holds the concurrency slots the request took (empty when denied);
+    ``at`` is the storage's clock (epoch seconds) when it decided: with Redis, the
+    Redis server's, so that epoch times built on it agree across app servers.
     """
 
     allowed: bool
     decisions: tuple[Decision, ...]
     leases: tuple[Lease, ...] = ()
+    at: float | None = None
 
     @property
     def retry_after(self) -> float:

@@ -83,6 +83,7 @@ async def test_decides_on_the_redis_clock(
     verdict = await storage.decide("clock", [Hit(Limit.parse("5/minute", "fixed_window"))])
     expected = 60 - redis_now % 60
     assert abs(verdict.decisions[0].reset_after - expected) < 0.5
+    assert verdict.at is not None and abs(verdict.at - redis_now) < 0.5
 
 
 async def test_reloads_the_script_after_a_flush(storage: RedisStorage, raw: aioredis.Redis) -> None:

@@ -164,3 +164,9 @@ async def test_no_hits_is_allowed(storage: Storage) -> None:
     """A request with no limits is admitted with no decisions."""
     verdict = await storage.decide("nobody", [])
     assert verdict.allowed and verdict.decisions == () and verdict.binding is None
+
+
+async def test_verdicts_carry_the_storage_clock(storage: Storage, clock: FakeClock) -> None:
+    """Verdict.at is the time the storage decided on (Redis: its own clock)."""
+    verdict = await storage.decide("clock", [Hit(Limit.parse("1/minute"))])
+    assert verdict.at is not None and abs(verdict.at - clock.now) < 1e-3

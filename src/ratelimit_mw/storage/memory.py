@@ -140,11 +140,12 @@ class MemoryStorage(Storage):
         if len(hits) == 1:
             step = steps[0]
             return _new(Verdict, (allowed, (
-                decision_from(hits[0], step[0], step[1], step[2], step[3]),), leases))
+                decision_from(hits[0], step[0], step[1], step[2], step[3]),), leases,
+                now / 1_000_000))
         return _new(Verdict, (allowed, tuple([
             decision_from(hit, step[0], step[1], step[2], step[3])
             for hit, step in zip(hits, steps, strict=True)
-        ]), leases))
+        ]), leases, now / 1_000_000))
 
     def _count(self, entry: _Entry, now: int) -> None:
         """Add one admitted request to the hour and day buckets of ``now``."""

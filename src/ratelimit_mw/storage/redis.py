@@ -145,8 +145,8 @@ class RedisStorage(Storage):
         ) if allowed and lease_id else ()
         return Verdict(allowed, tuple(
             decision_from(hit, bool(reply[i]), reply[i + 1], reply[i + 2], reply[i + 3])
-            for hit, i in zip(hits, range(1, len(reply), 4), strict=True)
-        ), leases)
+            for hit, i in zip(hits, range(2, len(reply), 4), strict=True)
+        ), leases, reply[1] / 1_000_000)
 
     async def _batched(self, keys: list[str], args: list[str | int]) -> Any:
         """Run the script in the next pipeline flush, with whatever else joins it."""

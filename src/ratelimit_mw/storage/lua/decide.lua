@@ -6,7 +6,7 @@
 -- concurrency hit takes; ARGV[3] the usage retention "hours,days" or empty (no usage);
 -- then five values per hit: algorithm, amount, period, capacity, cost.
 -- Nothing is written unless every hit admits.
--- Reply: {all admitted (1/0), then per hit: admitted (1/0), remaining, reset, retry}.
+-- Reply: {all admitted (1/0), now, then per hit: admitted (1/0), remaining, reset, retry}.
 local SLACK_MS = 1000
 local HOUR, DAY = 3600000000, 86400000000
 local now
@@ -32,7 +32,7 @@ for i = 1, n do
   steps[i] = {allowed, remaining, reset, retry, commit, algorithm, amount, period, capacity}
 end
 
-local reply = {admitted and 1 or 0}
+local reply = {admitted and 1 or 0, now}
 for i = 1, n do
   local s = steps[i]
   if admitted then
