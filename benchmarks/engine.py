@@ -38,6 +38,12 @@ def our_limit(algorithm: str, rate: str = RATE) -> Limit:
     return Limit.parse(rate, algorithm, burst=burst)
 
 
+def three_limits() -> list[Hit]:
+    """A burst bucket, a daily window and an hourly sliding window, as a tier would have."""
+    return [Hit(our_limit("token_bucket", "10/minute")), Hit(our_limit("fixed_window", "1000/day")),
+            Hit(our_limit("sliding_window", "100/hour"))]
+
+
 async def rate_of(step: Callable[[str], Awaitable[Any]], seconds: float, tasks: int = 1) -> float:
     """Decisions per second of ``step(key)`` run by ``tasks`` concurrent loops."""
     keys = itertools.cycle(KEYS)
@@ -77,8 +83,7 @@ async def memory_table(seconds: float) -> list[str]:
             peer = await rate_of(lambda key, lim=limiter, i=item: lim.hit(i, key), seconds)
         lines.append(row(f"memory {algorithm}", ours, peer))
     storage = MemoryStorage()
-    three = [Hit(our_limit("token_bucket", "10/minute")), Hit(our_limit("fixed_window", "1000/day")),
-             Hit(our_limit("sliding_window", "100/hour"))]
+    three = three_limits()
     ours = await rate_of(lambda key: storage.decide(key, three), seconds)
     lines.append(row("memory, three limits per decision", ours, None))
     return lines
@@ -95,15 +100,15 @@ async def redis_table(url: str, seconds: float) -> list[str]:
         peer = None
         if algorithm in PEERS:
             peer_storage = limits_storage.RedisStorage(
-                url.replace("redis://", "async+redis://", 1), key_prefix=f"{prefix}peer-{algorithm}",
+                url.replace("redis://", "async+redis://", 1),
+                key_prefix=f"{prefix}peer-{algorithm}",
                 implementation="redispy", max_connections=64)
             limiter = PEERS[algorithm](peer_storage)
             item = limits.parse(RATE)
             peer = await rate_of(lambda key, lim=limiter, i=item: lim.hit(i, key), seconds,
                                  tasks=50)
         lines.append(row(f"redis {algorithm} (50 tasks)", ours, peer))
-    three = [Hit(our_limit("token_bucket", "10/minute")), Hit(our_limit("fixed_window", "1000/day")),
-             Hit(our_limit("sliding_window", "100/hour"))]
+    three = three_limits()
     ours = await rate_of(lambda key: storage.decide(key, three), seconds, tasks=50)
     lines.append(row("redis, three limits per decision", ours, None))
 

@@ -12,6 +12,16 @@ Apps (this module is also the uvicorn app module, see ``create_app``):
     redis    + the middleware on Redis, every request admitted
     denial   + the middleware on Redis, the one client over its limit (answered
              from the local cache of blocked keys, no Redis call)
+    memory-tier, redis-tier
+             + the middleware with a tier of three limits (token bucket, sliding
+             window, fixed window) and a concurrency slot, usage history on: one
+             decision takes the slot, the three limits and the usage buckets, and
+             the slot is given back when the response ends
+
+After the throughput table, the Redis round trips per request of ``redis-tier`` are
+counted on a redis-server of the benchmark's own (``--no-round-trips`` skips it):
+commands sent by clients, from ``MONITOR`` (which tells them from the commands the
+Lua script runs), and every command run, from ``INFO commandstats`` deltas.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -33,8 +44,11 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-APPS = ("bare", "memory", "redis", "denial")  # also "quiet": memory, no headers
-TARGETS = {"memory": 0.90, "redis": 0.45, "denial": 0.80}
+APPS = ("bare", "memory", "redis", "denial", "memory-tier", "redis-tier")
+# also "quiet": memory, no headers
+TARGETS = {"memory": 0.90, "redis": 0.45, "denial": 0.80, "memory-tier": 0.80,
+           "redis-tier": 0.40}
+_HUGE = 1_000_000_000
 
 
 async def _hello(request: Request) -> Response:
@@ -61,6 +75,19 @@ def create_app() -> Starlette:
     elif kind == "redis":
         app.add_middleware(RateLimitMiddleware, tiers=[Tier("t", "1000000000/minute")],
                            storage_url=redis_url, storage_prefix=prefix)
+    elif kind in ("memory-tier", "redis-tier"):
+        from ratelimit_mw.policy import Limit
+
+        tier = Tier("t", [
+            Limit.parse(f"{_HUGE}/minute", "token_bucket", burst=_HUGE, name="burst"),
+            Limit.parse(f"{_HUGE}/hour", "sliding_window", name="hourly"),
+            Limit.parse(f"{_HUGE}/day", "fixed_window", name="daily"),
+        ], concurrency=_HUGE)
+        url = "memory://" if kind == "memory-tier" else redis_url
+        # A generous storage timeout: under full load the default 50 ms can pass while
+        # the event loop is busy, and the fail-open path would be measured instead.
+        app.add_middleware(RateLimitMiddleware, tiers=[tier], storage_url=url,
+                           storage_prefix=prefix, quota_history=True, storage_timeout=2.0)
     elif kind == "denial":
         app.add_middleware(RateLimitMiddleware, tiers=[Tier("t", "1/hour")],
                            storage_url=redis_url, storage_prefix=prefix)
@@ -91,12 +118,14 @@ def _wait_for(port: int, proc: subprocess.Popen[bytes]) -> None:
     raise SystemExit(msg)
 
 
-def _serve(kind: str, redis_url: str, python: str) -> tuple[subprocess.Popen[bytes], int]:
+def _serve(
+    kind: str, redis_url: str, python: str, prefix: str = "bench:",
+) -> tuple[subprocess.Popen[bytes], int]:
     port = _free_port()
     src = str(Path(__file__).resolve().parent.parent / "src")
     path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "BENCH_APP": kind, "BENCH_REDIS": redis_url, "PYTHONPATH": path,
-           "BENCH_PREFIX": f"bench:{uuid.uuid4().hex[:8]}:"}
+           "BENCH_PREFIX": prefix}
     proc = subprocess.Popen(
         [python, "-m", "uvicorn", "--factory", "--app-dir", str(Path(__file__).parent),
          "middleware:create_app", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
@@ -143,7 +172,8 @@ async def _python_load(port: int, seconds: float, connections: int) -> float:
 
 def measure(kind: str, redis_url: str, seconds: float, connections: int, python: str) -> float:
     """Requests per second of one app (after a one-second warm-up)."""
-    proc, port = _serve(kind, redis_url, python)
+    prefix = f"bench:{uuid.uuid4().hex[:8]}:"
+    proc, port = _serve(kind, redis_url, python, prefix)
     try:
         if shutil.which("wrk"):
             _wrk(port, 1, connections)
@@ -153,6 +183,122 @@ def measure(kind: str, redis_url: str, seconds: float, connections: int, python:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+        if kind not in ("bare", "memory", "quiet", "memory-tier"):
+            _forget(redis_url, prefix)
+
+
+def _forget(redis_url: str, prefix: str) -> None:
+    """Delete the run's keys (usage history would otherwise stay for 90 days)."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        names = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        for start in range(0, len(names), 500):
+            client.delete(*names[start:start + 500])
+    finally:
+        client.close()
+
+
+def _commands(client: object) -> dict[str, int]:
+    stats = client.info("commandstats")  # type: ignore[attr-defined]
+    return {name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()}
+
+
+def _watch(url: str, ready: threading.Event, sent: list[str]) -> None:
+    """Collect the commands clients send (not those run by scripts) until ECHO stop."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        with client.monitor() as monitor:
+            ready.set()
+            while True:
+                command = monitor.next_command()
+                text = str(command["command"])
+                if text == "ECHO bench-stop":
+                    return
+                if command.get("client_type") != "lua":
+                    sent.append(text.split(" ", 1)[0].lower())
+    finally:
+        client.close()
+
+
+def round_trips(python: str, fallback_url: str, requests: int = 500) -> None:
+    """Print the Redis round trips per request of ``redis-tier``, on a redis-server of
+    our own so that no other client's commands are counted."""
+    import redis
+
+    server = shutil.which("redis-server")
+    own: subprocess.Popen[bytes] | None = None
+    url = fallback_url
+    if server is not None:
+        port = _free_port()
+        own = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1",
+                                "--save", "", "--appendonly", "no"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"redis://127.0.0.1:{port}/0"
+    else:
+        print("# (no redis-server: counting on the shared Redis, other clients included)")
+    client = redis.Redis.from_url(url)
+    proc = None
+    sent: list[str] = []
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        proc, port = _serve("redis-tier", url, python)
+        asyncio.run(_python_load_count(port, 20, 1))  # warm up: the script gets loaded
+        ready = threading.Event()
+        watcher = threading.Thread(target=_watch, args=(url, ready, sent), daemon=True)
+        watcher.start()
+        ready.wait(10)
+        time.sleep(0.2)
+        before = _commands(client)
+        asyncio.run(_python_load_count(port, requests, 1))
+        after = _commands(client)
+        client.echo("bench-stop")
+        watcher.join(10)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=10)
+        client.close()
+        if own is not None:
+            own.kill()
+            own.wait(timeout=10)
+    counts: dict[str, int] = {}
+    for name in sent:
+        if name not in ("info", "echo", "hello", "client"):  # ours, and connection set-up
+            counts[name] = counts.get(name, 0) + 1
+    print(f"redis-tier, {requests} requests: round trips per request " + ", ".join(
+        f"{name} {calls / requests:.2f}" for name, calls in sorted(counts.items())) +
+        f"; total {sum(counts.values()) / requests:.2f} (target: 1 before the app, "
+        f"at most 1 more to give the slot back)")
+    ran = {name: after[name] - before.get(name, 0) for name in after
+           if name not in ("info", "echo", "monitor", "hello", "client")}
+    print("  commands run per request, inside the script included: " + ", ".join(
+        f"{name} {calls / requests:.2f}" for name, calls in sorted(ran.items()) if calls))
+
+
+async def _python_load_count(port: int, requests: int, connections: int) -> None:
+    """Exactly ``requests`` keep-alive GETs, one at a time per connection."""
+    request = b"GET / HTTP/1.1\r\nHost: bench\r\n\r\n"
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        for _ in range(requests):
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(re.search(rb"content-length: (\d+)", head, re.I).group(1))  # type: ignore[union-attr]
+            await reader.readexactly(length)
+    finally:
+        writer.close()
 
 
 def main() -> None:
@@ -163,6 +309,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="runs per app; the best counts")
     parser.add_argument("--python", default=sys.executable,
                         help="interpreter that runs uvicorn (e.g. one with uvicorn[standard])")
+    parser.add_argument("--no-round-trips", action="store_true",
+                        help="skip counting Redis commands per request of redis-tier")
     parser.add_argument("apps", nargs="*", default=list(APPS))
     args = parser.parse_args()
     tool = "wrk" if shutil.which("wrk") else "python load generator"
@@ -179,12 +327,14 @@ def main() -> None:
             rate = measure(kind, args.redis, args.seconds, args.connections, args.python)
             results[kind] = max(rate, results.get(kind, 0.0))
     bare = results["bare"]
-    print(f"{'app':<8} {'req/s':>10} {'ratio':>7} {'target':>7}")
+    print(f"{'app':<11} {'req/s':>10} {'ratio':>7} {'target':>7}")
     for kind, rate in results.items():
         target = TARGETS.get(kind)
         verdict = "" if target is None else ("ok" if rate / bare >= target else "MISS")
         mark = "" if target is None else f"{target:>7.2f} {verdict}"
-        print(f"{kind:<8} {rate:>10.0f} {rate / bare:>7.2f} {mark}")
+        print(f"{kind:<11} {rate:>10.0f} {rate / bare:>7.2f} {mark}")
+    if not args.no_round_trips and "redis-tier" in args.apps:
+        round_trips(args.python, args.redis)
 
 
 if __name__ == "__main__":

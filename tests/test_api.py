@@ -53,3 +53,12 @@ def test_modules_import_cleanly() -> None:
     for module in ("ratelimit_mw.client", "ratelimit_mw.breaker", "ratelimit_mw.idempotency",
                    "ratelimit_mw.storage", "ratelimit_mw.algorithms"):
         importlib.import_module(module)
+
+
+def test_the_limit_decorator_is_not_shadowed_by_a_module() -> None:
+    """``from ratelimit_mw import limit`` is the decorator, whatever was imported before."""
+    import ratelimit_mw.policy  # noqa: F401 - a submodule import must not shadow the name
+    from ratelimit_mw import limit
+    from ratelimit_mw.routes import limit as decorator
+
+    assert limit is decorator

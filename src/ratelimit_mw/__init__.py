@@ -23,8 +23,9 @@ if TYPE_CHECKING:
         StoredResponse,
     )
     from .keys import APIKey, AuthenticatedUser, ClientIP, TrustedProxies
-    from .limit import ALGORITHM_NAMES, AlgorithmName, Hit, Limit, limits_from
-    from .middleware import RateLimitMiddleware
+    from .middleware import Caller, RateLimitMiddleware
+    from .policy import ALGORITHM_NAMES, AlgorithmName, Hit, Limit, limits_from
+    from .quota import QuotaEndpoints, quota_router, quota_routes
     from .rates import Rate, parse_rate, parse_rates
     from .responses import Denial
     from .routes import RouteLimit, RouteRule, cost, exempt, limit
@@ -34,11 +35,12 @@ if TYPE_CHECKING:
     from .tiers import Tier, TierByAPIKey, TierFromHeader, TierTable
 
 _EXPORTS = {
-    "ALGORITHM_NAMES": "limit",
+    "ALGORITHM_NAMES": "policy",
     "APIKey": "keys",
-    "AlgorithmName": "limit",
+    "AlgorithmName": "policy",
     "AuthenticatedUser": "keys",
     "BreakerGuard": "guard",
+    "Caller": "middleware",
     "CircuitBreaker": "breaker",
     "CircuitOpenError": "breaker",
     "CircuitState": "breaker",
@@ -48,14 +50,15 @@ _EXPORTS = {
     "DecisionEvent": "events",
     "Denial": "responses",
     "FailureStats": "failure",
-    "Hit": "limit",
+    "Hit": "policy",
     "IdempotencyMiddleware": "idempotency",
     "IdempotencyStore": "idempotency",
     "Lease": "decision",
-    "Limit": "limit",
+    "Limit": "policy",
     "MemoryIdempotencyStore": "idempotency",
     "MemoryStorage": "storage",
     "NEVER": "decision",
+    "QuotaEndpoints": "quota",
     "Rate": "rates",
     "RateLimitError": "errors",
     "RateLimitMiddleware": "middleware",
@@ -78,9 +81,11 @@ _EXPORTS = {
     "cost": "routes",
     "exempt": "routes",
     "limit": "routes",
-    "limits_from": "limit",
+    "limits_from": "policy",
     "parse_rate": "rates",
     "parse_rates": "rates",
+    "quota_router": "quota",
+    "quota_routes": "quota",
     "storage_from_url": "storage",
 }
 
@@ -91,6 +96,7 @@ __all__ = [
     "AlgorithmName",
     "AuthenticatedUser",
     "BreakerGuard",
+    "Caller",
     "CircuitBreaker",
     "CircuitOpenError",
     "CircuitState",
@@ -107,6 +113,7 @@ __all__ = [
     "Limit",
     "MemoryIdempotencyStore",
     "MemoryStorage",
+    "QuotaEndpoints",
     "Rate",
     "RateLimitError",
     "RateLimitMiddleware",
@@ -132,6 +139,8 @@ __all__ = [
     "limits_from",
     "parse_rate",
     "parse_rates",
+    "quota_router",
+    "quota_routes",
     "storage_from_url",
 ]
 

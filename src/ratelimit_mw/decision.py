@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from .limit import Limit
+from .policy import Limit
 
 __all__ = ["NEVER", "Decision", "Lease", "Verdict"]
 

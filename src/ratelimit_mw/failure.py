@@ -20,7 +20,7 @@ from .breaker import CircuitBreaker
 from .decision import Verdict
 from .errors import ConfigError
 from .events import Source
-from .limit import Hit
+from .policy import Hit
 from .storage import MemoryStorage, Storage
 
 __all__ = ["FAILURE_MODES", "FailureMode", "FailureStats", "Gate", "StorageGuard", "check_mode"]
@@ -112,15 +112,22 @@ class StorageGuard:
         """Whole seconds a refused client should wait (at least 1)."""
         return max(1, math.ceil(self.breaker.remaining_cooldown))
 
-    async def decide(self, key: str, hits: Sequence[Hit]) -> tuple[Verdict | None, Source]:
-        """The verdict and where it came from: ``storage``, ``fallback`` or ``unavailable``."""
+    async def decide(
+        self, key: str, hits: Sequence[Hit], *, usage: bool = False,
+    ) -> tuple[Verdict | None, Source]:
+        """The verdict and where it came from: ``storage``, ``fallback`` or ``unavailable``.
+
+        ``usage`` also counts an admitted request into the usage history (same call).
+        """
         permit = self.breaker.try_acquire()
         if permit is None:
             self.stats.skipped += 1
-            return self._degraded(key, hits)
+            return self._degraded(key, hits, usage)
         try:
             async with asyncio.timeout(self.timeout):
-                verdict = await self.storage.decide(key, hits)
+                # Without usage, the two-argument call: custom storages may predate it.
+                verdict = await (self.storage.decide(key, hits, usage=True) if usage
+                                 else self.storage.decide(key, hits))
         except Exception as exc:
             # Any failure of the storage (StorageError, TimeoutError, a bug in a custom
             # storage) is the failure policy's business, never a 500.
@@ -132,17 +139,19 @@ class StorageGuard:
                 extra={"ratelimit": {"event": "storage_failure", "mode": self.mode,
                                      "error": _describe(exc)}},
             )
-            return self._degraded(key, hits)
+            return self._degraded(key, hits, usage)
         except BaseException:
             permit.release()
             raise
         permit.record_success()
         return verdict, "storage"
 
-    def _degraded(self, key: str, hits: Sequence[Hit]) -> tuple[Verdict | None, Source]:
+    def _degraded(
+        self, key: str, hits: Sequence[Hit], usage: bool = False,
+    ) -> tuple[Verdict | None, Source]:
         if self.fallback is not None:
             self.stats.fallback += 1
-            return self.fallback.decide_now(key, hits), "fallback"
+            return self.fallback.decide_now(key, hits, usage=usage), "fallback"
         if self.mode == "open":
             self.stats.allowed += 1
         else:

@@ -13,7 +13,7 @@ from typing import Literal, get_args
 
 from .decision import Decision, Verdict
 from .errors import ConfigError
-from .limit import Limit
+from .policy import Limit
 
 __all__ = [
     "HEADER_STYLES",
@@ -73,13 +73,17 @@ def _window(limit: Limit) -> int:
 
 @functools.lru_cache(maxsize=1024)
 def _short_policy(limit: Limit) -> bytes:
-    """``100;w=60``: the draft-6/7 policy of one limit."""
+    """``100;w=60``: the draft-6/7 policy of one limit (``2`` for a concurrency slot)."""
+    if limit.is_concurrency:
+        return str(limit.capacity).encode()
     return f"{limit.capacity};w={_window(limit)}".encode()
 
 
 @functools.lru_cache(maxsize=1024)
 def _legacy_policy(limit: Limit) -> bytes:
     """``100;w=60;comment="per minute"``."""
+    if limit.is_concurrency:
+        return f'{limit.capacity};comment="concurrent requests"'.encode()
     per = str(limit.rate).split("/", 1)[1]
     words = f"{limit.rate.amount} per {per}" if limit.burst is not None else f"per {per}"
     if limit.burst is not None:
@@ -101,10 +105,15 @@ class HeaderFormat:
         return bool(self.styles)
 
     def static(self, named: Sequence[tuple[str, Limit]]) -> list[Header]:
-        """Headers that depend only on the limits: draft-11 ``RateLimit-Policy``."""
+        """Headers that depend only on the limits: draft-11 ``RateLimit-Policy``.
+
+        A concurrency slot is a policy of unit ``qu="concurrent-requests"`` and no window.
+        """
         if self.ietf != "draft-11" or not named:
             return []
         items = ",".join(
+            f'"{policy_name(name)}";q={limit.capacity};qu="concurrent-requests"'
+            if limit.is_concurrency else
             f'"{policy_name(name)}";q={limit.capacity};w={_window(limit)}' for name, limit in named)
         return [(b"ratelimit-policy", items.encode())]
 
@@ -116,19 +125,29 @@ class HeaderFormat:
         binding = decisions[0] if len(decisions) == 1 else verdict.binding
         if binding is None:
             return []
+        reset_after = binding.reset_after
+        if binding.policy.algorithm == "concurrency":
+            rates = [d for d in decisions if not d.policy.is_concurrency]
+            if verdict.allowed and rates:
+                # Free slots are not a quota to pace against: report the nearest rate.
+                binding = min(rates, key=lambda d: (d.remaining, d.reset_after))
+                reset_after = binding.reset_after
+            else:
+                # A slot frees when some request ends: the retry hint, not the lease.
+                reset_after = binding.retry_after
         out: list[Header] = []
         if self.legacy:
             out += (
                 (b"x-ratelimit-limit", str(binding.limit).encode()),
                 (b"x-ratelimit-remaining", str(binding.remaining).encode()),
-                (b"x-ratelimit-reset", str(math.ceil(now + binding.reset_after)).encode()),
+                (b"x-ratelimit-reset", str(math.ceil(now + reset_after)).encode()),
                 (b"x-ratelimit-policy", _legacy_policy(binding.policy)),
             )
         ietf = self.ietf
         if ietf == "draft-11":
             out.append((b"ratelimit", _draft11(verdict.decisions, names)))
         elif ietf == "draft-7":
-            reset = math.ceil(binding.reset_after)
+            reset = math.ceil(reset_after)
             out += (
                 (b"ratelimit",
                  f"limit={binding.limit}, remaining={binding.remaining}, reset={reset}".encode()),
@@ -138,16 +157,21 @@ class HeaderFormat:
             out += (
                 (b"ratelimit-limit", str(binding.limit).encode()),
                 (b"ratelimit-remaining", str(binding.remaining).encode()),
-                (b"ratelimit-reset", str(math.ceil(binding.reset_after)).encode()),
+                (b"ratelimit-reset", str(math.ceil(reset_after)).encode()),
                 (b"ratelimit-policy", _short_policy(binding.policy)),
             )
         return out
 
 
 def _draft11(decisions: Sequence[Decision], names: Mapping[PolicyKey, str]) -> bytes:
-    """``"burst";r=50;t=30,"daily";r=999;t=86400``: every policy's remaining quota."""
+    """``"burst";r=50;t=30,"daily";r=999;t=86400``: every policy's remaining quota
+    (a concurrency slot: free slots, ``t`` only while none is free)."""
     parts = []
     for d in decisions:
         name = names.get((d.scope, d.policy)) or policy_name(d.policy.name)
+        if d.policy.is_concurrency:
+            parts.append(f'"{name}";r={d.remaining}' if d.allowed else
+                         f'"{name}";r={d.remaining};t={math.ceil(d.retry_after)}')
+            continue
         parts.append(f'"{name}";r={d.remaining};t={math.ceil(d.reset_after)}')
     return ",".join(parts).encode()

@@ -4,20 +4,30 @@
 HTTP request is keyed (client IP by default), given a tier and its route's limits,
 and decided in one storage call; a 429 answers a denial, and rate-limit headers go
 on every limited response.
+
+A tier's ``concurrency`` takes a slot in that same call; the slot is given back just
+before the last body chunk goes out (a streaming body holds it to its end), or when
+the app call ends otherwise (a client disconnect stops the response, the app raises).
+
+Downstream handlers find the middleware in ``scope["state"]["ratelimit"]``; its
+``identify(scope)`` names the caller a request counts for (see ``ratelimit_mw.quota``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
+from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .decision import Decision, Verdict
+from .decision import Decision, Lease, Verdict
+from .errors import StorageError
 from .events import DecisionEvent, DecisionHook, Source, call_hook, log_denial
 from .failure import Gate, StorageGuard
 from .headers import HeaderFormat, retry_after_value
@@ -27,12 +37,28 @@ from .responses import Denial, DeniedHook, denial_body, send_response, unavailab
 from .routes import NO_ROUTE, RouteRule, RouteSpec, RouteTable
 from .settings import RateLimitSettings
 from .storage import MemoryStorage, RedisStorage, Storage, storage_from_url
+from .storage.keys import redis_key
 from .tiers import Tier, TierFromHeader, TierResolver, TierTable
 
-__all__ = ["RateLimitMiddleware"]
+__all__ = ["Caller", "RateLimitMiddleware"]
 
 _log = logging.getLogger("ratelimit_mw")
 Header = tuple[bytes, bytes]
+
+
+class Caller(NamedTuple):
+    """Who a request counts for, as the middleware resolved it: its key and tier."""
+
+    key: str
+    tier: Tier
+
+    @property
+    def anonymous(self) -> bool:
+        """True when the caller is known only by its client IP (no key, no user)."""
+        return self.key.startswith("ip:")
+
+
+STATE_MIDDLEWARE = "ratelimit"
 
 
 class _Blocked:
@@ -146,7 +172,10 @@ class RateLimitMiddleware:
             storage, mode=settings.failure_mode, timeout=settings.storage_timeout,
             recovery_interval=settings.recovery_interval, breaker=breaker, clock=clock)
 
+        self._returns = _Returns(storage, max(1.0, settings.storage_timeout))
         self._routes = RouteTable(app, [*settings.build_routes(), *rules], settings.exempt_paths)
+        self._lease = settings.concurrency_lease
+        self._usage = settings.quota_history
         self._plans: dict[tuple[str, RouteSpec], Plan] = {}
         self._blocked: dict[tuple[str, Plan], _Blocked] = {}
         self._blocked_size = 0 if self._shadow else max(0, settings.blocked_cache_size)
@@ -158,14 +187,15 @@ class RateLimitMiddleware:
         for tier in self._tiers.tiers.values():
             for spec, label in specs:
                 if not spec.exempt:
-                    check_plan(make_plan(tier, spec, self._format), label)
+                    check_plan(make_plan(tier, spec, self._format, self._lease), label)
 
     def _plan(self, tier: Tier, route: RouteSpec) -> Plan:
         plan = self._plans.get((tier.name, route))
         if plan is None:
             if len(self._plans) >= 8192:
                 self._plans.clear()
-            plan = self._plans[(tier.name, route)] = make_plan(tier, route, self._format)
+            plan = self._plans[(tier.name, route)] = make_plan(
+                tier, route, self._format, self._lease)
         return plan
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -179,6 +209,10 @@ class RateLimitMiddleware:
                 await self.app(scope, receive, send)
             return
 
+        state = scope.get("state")
+        if state is None:
+            state = scope["state"] = {}
+        state[STATE_MIDDLEWARE] = self
         outcome = await self._decide(scope)
         if outcome is None:
             await self.app(scope, receive, send)
@@ -186,10 +220,108 @@ class RateLimitMiddleware:
         if outcome.refused:
             await self._refuse(scope, receive, send, outcome)
             return
-        if not outcome.headers:
+        verdict = outcome.verdict
+        if verdict is not None and verdict.leases and self._local is None:
+            await self._holding_slots(scope, receive, send, outcome.headers, verdict.leases,
+                                      outcome.source)
+            return
+        if outcome.headers:
+            send = _adding(send, outcome.headers)
+        if verdict is None or not verdict.leases:
             await self.app(scope, receive, send)
             return
-        await self.app(scope, receive, _adding(send, outcome.headers))
+        # Memory storage gives slots back without awaiting, as soon as the app returns
+        # (normally right after its last send, before any other request is decided).
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            await self._local.release(verdict.leases)  # type: ignore[union-attr]
+
+    async def _holding_slots(self, scope: Scope, receive: Receive, send: Send,
+                             headers: list[Header], leases: tuple[Lease, ...],
+                             source: Source) -> None:
+        """Run the app while the request holds its concurrency slots (and add ``headers``
+        to its response).
+
+        The slots go back just before the last body chunk is sent, so a client that has
+        seen the end of a response never finds its slot still taken; else when the app
+        call ends (an exception, a disconnect, no body at all).
+        """
+        held = True
+
+        async def send_then_free(message: Message) -> None:
+            nonlocal held
+            kind = message["type"]
+            if kind == "http.response.start":
+                if headers:
+                    message["headers"] = [*message.get("headers", ()), *headers]
+            elif held and kind == "http.response.body" and not message.get("more_body"):
+                held = False
+                await self._give_back(leases, source)
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_then_free)
+        finally:
+            if held:
+                held = False
+                await self._give_back(leases, source)
+
+    async def identify(self, scope: Scope) -> Caller | None:
+        """The caller a request counts for (None: not limited), by the same key function
+        and tier resolver the middleware uses; also for routes it does not limit."""
+        key: Any = self._key(scope)
+        if self._key_async:
+            key = await key
+        if key is None:
+            return None
+        return Caller(str(key), await self._tier_of(scope))
+
+    async def _tier_of(self, scope: Scope) -> Tier:
+        if self._resolver is None:
+            return self._tiers.default
+        name: Any = self._resolver(scope)
+        if self._resolver_async:
+            name = await name
+        return self._tiers.pick(name)
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The wall clock (epoch seconds) the middleware reports times on."""
+        return self._clock
+
+    @property
+    def tiers(self) -> TierTable:
+        """The tiers this middleware knows."""
+        return self._tiers
+
+    def plan_for(self, tier: Tier) -> Plan:
+        """The plan of ``tier`` on a route without limits of its own (for quota reports)."""
+        return self._plan(tier, NO_ROUTE)
+
+    async def _give_back(self, leases: tuple[Lease, ...], source: Source) -> None:
+        """Return the request's concurrency slots to the storage that granted them.
+
+        Never raises: a slot that can't be given back expires with its lease. The
+        release runs in a task of its own (shared by the requests ending in the same
+        event-loop iteration), so a cancelled request can't cut it off.
+        """
+        if self._local is not None:
+            await self._local.release(leases)  # never awaits: cancellation can't cut it
+            return
+        if source == "fallback" and self.guard is not None and self.guard.fallback is not None:
+            await self.guard.fallback.release(leases)
+            return
+        done = self._returns.submit(leases)
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            return  # the release goes on without us
+        try:
+            await asyncio.shield(done)
+        except Exception as exc:
+            _log.warning("ratelimit_mw: couldn't give back %d concurrency slot(s) (%s: %s); "
+                         "they free themselves when their lease ends", len(leases),
+                         type(exc).__name__, str(exc)[:200])
 
     async def _decide(self, scope: Scope) -> _Outcome | None:
         """Key, tier, route, one storage call; None when the request is not limited."""
@@ -202,13 +334,7 @@ class RateLimitMiddleware:
         if key is None:
             return None
         key = str(key)
-        if self._resolver is None:
-            tier = self._tiers.default
-        else:
-            name: Any = self._resolver(scope)
-            if self._resolver_async:
-                name = await name
-            tier = self._tiers.pick(name)
+        tier = await self._tier_of(scope) if self._resolver is not None else self._tiers.default
         plan = self._plan(tier, route)
         now = self._clock()
 
@@ -221,9 +347,10 @@ class RateLimitMiddleware:
                     return self._from_blocked(key, plan, blocked, now)
                 del self._blocked[(key, plan)]
         if self._local is not None:
-            verdict = self._local.decide_now(key, plan.hits)
+            verdict = self._local.decide_now(key, plan.hits, usage=self._usage)
         else:
-            verdict, source = await self.guard.decide(key, plan.hits)  # type: ignore[union-attr]
+            verdict, source = await self.guard.decide(  # type: ignore[union-attr]
+                key, plan.hits, usage=self._usage)
             if verdict is None:
                 return self._finish(key, plan, None, source,
                                     self.guard.mode == "closed", now)  # type: ignore[union-attr]
@@ -235,8 +362,10 @@ class RateLimitMiddleware:
                 verdict, source = await self._enforced_only(key, plan, verdict, source)
                 refused = not verdict.allowed
             # Only the shared storage's denials are cached: a fallback's are local guesses.
+            # A full concurrency slot may free any moment: never cached.
             if (refused and self._blocked_size and source == "storage"
-                    and math.isfinite(verdict.retry_after)):
+                    and math.isfinite(verdict.retry_after)
+                    and not (plan.concurrent and _slot_denied(verdict))):
                 self._remember_blocked(key, plan, verdict, now)
         return self._finish(key, plan, verdict, source, refused, now)
 
@@ -249,14 +378,16 @@ class RateLimitMiddleware:
         by a shadow limit would not count against the limits that do block.
         """
         if self._local is not None:
-            enforced: Verdict | None = self._local.decide_now(key, plan.enforced)
+            enforced: Verdict | None = self._local.decide_now(key, plan.enforced,
+                                                               usage=self._usage)
         else:
-            enforced, source = await self.guard.decide(key, plan.enforced)  # type: ignore[union-attr]
+            enforced, source = await self.guard.decide(  # type: ignore[union-attr]
+                key, plan.enforced, usage=self._usage)
         shadow = plan.shadow
         shadowed = tuple(d for d in verdict.decisions if (d.scope, d.policy) in shadow)
         if enforced is None:
             return Verdict(True, verdict.decisions), source
-        return Verdict(enforced.allowed, enforced.decisions + shadowed), source
+        return Verdict(enforced.allowed, enforced.decisions + shadowed, enforced.leases), source
 
     def _from_blocked(self, key: str, plan: Plan, blocked: _Blocked, now: float) -> _Outcome:
         """The answer for a key known to be over its limit, without the storage.
@@ -334,11 +465,22 @@ class RateLimitMiddleware:
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Opt-in: limit websocket connects; a refused one is closed with 1008."""
+        state = scope.get("state")
+        if state is None:
+            state = scope["state"] = {}
+        state[STATE_MIDDLEWARE] = self
         outcome = await self._decide({**scope, "method": "WEBSOCKET"})
         if outcome is not None and outcome.refused:
             await send({"type": "websocket.close", "code": 1008, "reason": "rate limit exceeded"})
             return
-        await self.app(scope, receive, send)
+        verdict = outcome.verdict if outcome is not None else None
+        if verdict is None or not verdict.leases:
+            await self.app(scope, receive, send)
+            return
+        try:  # a websocket holds its slot for as long as it is connected
+            await self.app(scope, receive, send)
+        finally:
+            await self._give_back(verdict.leases, outcome.source)  # type: ignore[union-attr]
 
     def _closing(self, receive: Receive) -> Receive:
         """Close the storage we opened when the app shuts down."""
@@ -353,6 +495,78 @@ class RateLimitMiddleware:
     def __repr__(self) -> str:
         return (f"RateLimitMiddleware(storage={self.storage!r}, "
                 f"tiers={list(self._tiers.tiers)!r}, header_style={self.settings.header_style!r})")
+
+
+class _Returns:
+    """Gives back the slots of the requests that end in one event-loop iteration
+    together: on Redis one pipelined round trip for all of them instead of one each."""
+
+    __slots__ = ("_batch", "_done", "_release", "_tasks", "_timeout")
+
+    def __init__(self, storage: Storage, timeout: float) -> None:
+        self._release = _release_many(storage)
+        self._timeout = timeout
+        self._batch: list[Lease] = []
+        self._done: asyncio.Future[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def submit(self, leases: tuple[Lease, ...]) -> asyncio.Future[None]:
+        """Queue ``leases``; the future resolves once they are back (or failed to be)."""
+        done = self._done
+        if done is None:
+            loop = asyncio.get_running_loop()
+            done = self._done = loop.create_future()
+            done.add_done_callback(_retrieve)
+            # The task starts on the next iteration: requests ending meanwhile join it.
+            task = loop.create_task(self._run(done))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        self._batch.extend(leases)
+        return done
+
+    async def _run(self, done: asyncio.Future[None]) -> None:
+        batch, self._batch, self._done = self._batch, [], None
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._release(batch)
+        except Exception as exc:
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    """Mark a batch's error as seen (its waiters may all have been cancelled)."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _release_many(storage: Storage) -> Callable[[list[Lease]], Awaitable[None]]:
+    """``storage.release``, or for a plain ``RedisStorage`` one pipeline of ZREMs (its
+    ``release`` sends one command per lease, awaited one after the other)."""
+    if type(storage) is not RedisStorage:
+        async def give_back(leases: list[Lease]) -> None:
+            await storage.release(leases)
+
+        return give_back
+    client, prefix = storage.client, storage.prefix
+
+    async def release(leases: list[Lease]) -> None:
+        try:
+            async with client.pipeline(transaction=False) as pipe:
+                for lease in leases:
+                    pipe.zrem(redis_key(prefix, lease.key, lease.scope, lease.uid), lease.id)
+                await pipe.execute()
+        except (RedisError, OSError) as exc:
+            msg = f"redis could not release {len(leases)} slot(s): {exc}"
+            raise StorageError(msg) from exc
+
+    return release
+
+
+def _slot_denied(verdict: Verdict) -> bool:
+    """True when a concurrency slot is among what denied ``verdict``."""
+    return any(not d.allowed and d.policy.is_concurrency for d in verdict.decisions)
 
 
 def _adding(send: Send, headers: list[Header]) -> Send:
@@ -388,10 +602,11 @@ def _key_function(key: str | KeyFunc | None, settings: RateLimitSettings) -> Key
 
 def _storage_from(settings: RateLimitSettings, clock: Callable[[], float]) -> Storage:
     url = settings.storage_url
+    retention = settings.usage_retention
     if url.lower().startswith("memory://"):
-        return MemoryStorage(clock=clock)
+        return MemoryStorage(clock=clock, usage_retention=retention)
     storage = storage_from_url(url, prefix=settings.storage_prefix,
-                               timeout=settings.storage_timeout)
+                               timeout=settings.storage_timeout, usage_retention=retention)
     if isinstance(storage, RedisStorage):
         _log.debug("ratelimit_mw: deciding on %r", storage)
     return storage

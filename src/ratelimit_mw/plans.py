@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .decision import Verdict
 from .errors import ConfigError
 from .headers import HeaderFormat, policy_name
-from .limit import Hit, Limit
+from .policy import Hit, Limit
 from .routes import RouteSpec
 from .tiers import Tier
 
@@ -31,6 +31,8 @@ class Plan:
     shadow: frozenset[PolicyKey]
     names: Mapping[PolicyKey, str]
     static_headers: tuple[tuple[bytes, bytes], ...]
+    concurrent: bool = False
+    """True when the plan takes a concurrency slot (to give back when the request ends)."""
 
     def shadow_only(self, verdict: Verdict) -> bool:
         """True when every limit that denied ``verdict`` is a shadow limit."""
@@ -43,11 +45,14 @@ class Plan:
         return next((hit for hit in self.hits if hit.never), None)
 
 
-def make_plan(tier: Tier, route: RouteSpec, fmt: HeaderFormat) -> Plan:
-    """Join the tier's limits (at the route's cost) and the route's own limits."""
+def make_plan(tier: Tier, route: RouteSpec, fmt: HeaderFormat, lease: float = 30.0) -> Plan:
+    """Join the tier's limits (at the route's cost), the route's own limits and the
+    tier's concurrency slot (always one slot, whatever the route's cost)."""
     tier_hits = tier.hits if route.cost == 1 else tuple(
         Hit(hit.limit, route.cost, hit.scope) for hit in tier.hits)
     hits = tier_hits + route.hits
+    if tier.concurrency is not None:
+        hits += (Hit(Limit.concurrency(tier.concurrency, lease=lease)),)
     shadow = {(hit.scope, hit.limit) for hit in tier_hits if hit.limit.name in tier.shadow}
     shadow.update((hit.scope, hit.limit) for hit in route.shadow)
     enforced = tuple(hit for hit in hits if (hit.scope, hit.limit) not in shadow)
@@ -65,7 +70,8 @@ def make_plan(tier: Tier, route: RouteSpec, fmt: HeaderFormat) -> Plan:
         taken.add(name)
         names[slot] = name
     named = [(names[(hit.scope, hit.limit)], hit.limit) for hit in hits]
-    return Plan(tier, route, hits, enforced, frozenset(shadow), names, tuple(fmt.static(named)))
+    return Plan(tier, route, hits, enforced, frozenset(shadow), names, tuple(fmt.static(named)),
+                tier.concurrency is not None)
 
 
 def check_plan(plan: Plan, method_path: str) -> None:

@@ -80,7 +80,11 @@ def denial_body(denial: Denial, fmt: ResponseFormat = "json") -> tuple[bytes, by
     decision = denial.decision
     wait = denial.retry_after
     retry = math.ceil(wait) if math.isfinite(wait) else None
-    if retry is None:
+    concurrent = decision.policy.is_concurrency
+    if concurrent:
+        message = (f"Too many requests in flight. You may have at most {decision.limit} "
+                   f"concurrent requests.")
+    elif retry is None:
         message = (f"This request can never be admitted: it costs more than the limit of "
                    f"{_per(decision)} allows.")
     else:
@@ -88,7 +92,7 @@ def denial_body(denial: Denial, fmt: ResponseFormat = "json") -> tuple[bytes, by
     fields: dict[str, object] = {
         "retry_after_seconds": retry,
         "limit": decision.limit,
-        "window": f"{decision.policy.period:g}s",
+        "window": None if concurrent else f"{decision.policy.period:g}s",
         "reset_at": None if retry is None else _iso(math.ceil(denial.now + wait)),
     }
     if fmt == "problem+json":

@@ -17,7 +17,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Scope
 
 from .errors import ConfigError
-from .limit import Hit, Limit, limits_from
+from .policy import Hit, Limit, limits_from
 from .tiers import as_limits
 
 __all__ = ["RouteLimit", "RouteRule", "RouteSpec", "RouteTable", "cost", "exempt", "limit"]

@@ -28,6 +28,7 @@ lists are comma-separated (``RATELIMIT_TRUSTED_PROXIES=10.0.0.1,10.0.0.2``);
 
 from __future__ import annotations
 
+import math
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -39,9 +40,10 @@ from .errors import ConfigError
 from .failure import FailureMode, check_mode
 from .headers import parse_header_style
 from .keys import TrustedProxies
-from .limit import Limit
+from .policy import Limit
 from .responses import check_format
 from .routes import RouteRule
+from .storage.base import UsageRetention
 from .tiers import Tier, TierTable
 
 __all__ = ["LimitConfig", "RateLimitSettings", "RouteConfig", "TierConfig"]
@@ -67,7 +69,7 @@ LimitsField = str | list[str | LimitConfig]
 
 
 def _limits(value: LimitsField, algorithm: str) -> list[Limit | str]:
-    from .limit import limits_from
+    from .policy import limits_from
 
     items = [value] if isinstance(value, str) else value
     out: list[Limit | str] = []
@@ -141,6 +143,10 @@ class RateLimitSettings(BaseSettings):
     shadow: bool = False
     limit_websockets: bool = False
     blocked_cache_size: int = 10_000
+    concurrency_lease: float = 30.0
+    quota_history: bool = False
+    usage_retention_hours: int = 7 * 24
+    usage_retention_days: int = 90
 
     @field_validator("trusted_proxies", "exempt_paths", mode="before")
     @classmethod
@@ -169,10 +175,20 @@ class RateLimitSettings(BaseSettings):
         TrustedProxies(self.trusted_proxies)
         self.build_tiers()
         self.build_routes()
+        if not 0 < self.concurrency_lease < math.inf:
+            msg = (f"concurrency_lease must be a positive number of seconds, "
+                   f"got {self.concurrency_lease!r}")
+            raise ConfigError(msg)
+        UsageRetention(self.usage_retention_hours, self.usage_retention_days).check()
         if not 1 <= self.ipv6_prefix <= 128:
             msg = f"ipv6_prefix must be from 1 to 128, got {self.ipv6_prefix}"
             raise ConfigError(msg)
         return self
+
+    @property
+    def usage_retention(self) -> UsageRetention:
+        """How long the usage history (quota history) is kept."""
+        return UsageRetention(self.usage_retention_hours, self.usage_retention_days)
 
     def build_tiers(self) -> TierTable:
         """The configured tiers, or one ``default`` tier of ``default_limits``."""

@@ -10,7 +10,7 @@ from starlette.types import Scope
 
 from .errors import ConfigError
 from .keys import header_value
-from .limit import Hit, Limit, limits_from
+from .policy import Hit, Limit, limits_from
 
 __all__ = ["Tier", "TierByAPIKey", "TierFromHeader", "TierResolver", "TierTable", "as_limits"]
 
@@ -24,8 +24,8 @@ def as_limits(value: object) -> tuple[Limit, ...]:
     """Limits from ``"10/minute; 1000/day"``, a Limit, or a sequence of both."""
     if isinstance(value, Limit):
         if value.algorithm == "concurrency":
-            msg = (f"{value} limits requests in flight, which the middleware does not "
-                   f"enforce yet; give the tier concurrency= instead")
+            msg = (f"{value} limits requests in flight: give the tier concurrency= "
+                   f"(the lease is the concurrency_lease setting) instead of a limit")
             raise ConfigError(msg)
         return (value,)
     if isinstance(value, str):
@@ -44,8 +44,9 @@ class Tier:
     """A plan: the limits every request of its clients counts against.
 
     ``shadow`` names limits that are decided, reported and logged but never block.
-    ``concurrency`` (in-flight requests) is validated now and enforced by a later
-    release.
+    ``concurrency`` caps the requests in flight per key: a slot is taken with the
+    rate limits, in the same atomic call, and given back when the response ends
+    (on Redis it is a lease that expires, so a killed worker can't hold it forever).
 
     >>> Tier("free", [Limit.parse("10/minute", "token_bucket", burst=20, name="burst"),
     ...               Limit.parse("1000/day", name="daily")]).names

@@ -129,4 +129,5 @@ async def test_middleware_reads_toml_settings(
     app = make_app(settings=RateLimitSettings.from_toml(path), storage=memory, clock=clock)
     async with client_for(app) as client:
         response = await client.get("/")
-    assert response.headers["ratelimit-policy"] == '"burst";q=20;w=60,"daily";q=1000;w=86400'
+    assert response.headers["ratelimit-policy"] == (
+        '"burst";q=20;w=60,"daily";q=1000;w=86400,"concurrent";q=4;qu="concurrent-requests"')

@@ -117,7 +117,7 @@ def test_bad_tiers_are_config_errors(kwargs: dict[str, object], message: str) ->
 
 
 def test_concurrency_is_parsed() -> None:
-    """A tier keeps its concurrency limit (enforced by a later release)."""
+    """A tier keeps its concurrency limit (enforced by the middleware)."""
     assert Tier("t", "1/second", concurrency=4).concurrency == 4
 
 
@@ -128,7 +128,7 @@ def test_unknown_algorithm_is_a_config_error() -> None:
 
 
 def test_concurrency_limits_are_refused_in_limit_lists() -> None:
-    """A concurrency Limit in a tier's list is refused (it would leak slots until enforced)."""
+    """A concurrency Limit in a tier's list is refused: concurrency= is the way to say it."""
     with pytest.raises(ConfigError, match="requests in flight"):
         Tier("t", [Limit.concurrency(5)])
 

@@ -8,7 +8,7 @@ from typing import Any, Literal, NamedTuple
 
 from ..decision import NEVER, Decision, Lease, Verdict
 from ..errors import ConfigError
-from ..limit import Hit
+from ..policy import Hit
 
 __all__ = ["BUCKET_SECONDS", "Granularity", "Storage", "UsageRetention", "decision_from",
            "merge_hits"]

@@ -11,7 +11,7 @@ from typing import Any
 from ..algorithms.concurrency import with_lease, without_lease
 from ..decision import Lease, Verdict
 from ..errors import ConfigError
-from ..limit import Hit
+from ..policy import Hit
 from .base import (
     BUCKET_SECONDS,
     Granularity,

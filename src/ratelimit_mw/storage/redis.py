@@ -15,7 +15,7 @@ from redis.commands.core import AsyncScript
 
 from ..decision import Lease, Verdict
 from ..errors import StorageError
-from ..limit import ALGORITHM_NAMES, Hit
+from ..policy import ALGORITHM_NAMES, Hit
 from .base import (
     BUCKET_SECONDS,
     Granularity,

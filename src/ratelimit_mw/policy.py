@@ -1,4 +1,4 @@
-"""A limit (rate + algorithm) and a hit (one limit applied to one request, with a cost)."""
+"""Limits (a rate and an algorithm) and hits (one limit applied to one request, with a cost)."""
 
 from __future__ import annotations
 

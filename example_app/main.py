@@ -1,0 +1,179 @@
+"""The example app: every feature of ratelimit_mw in one FastAPI service.
+
+Run it with ``./scripts/run-example`` (uvicorn on http://127.0.0.1:8000). Storage is
+in memory unless ``RATELIMIT_STORAGE_URL=redis://127.0.0.1:6379/0`` says otherwise;
+the tiers come from ``tiers.toml`` next to this file, and every other ``RATELIMIT_*``
+variable overrides it.
+
+Callers send ``X-API-Key: demo-free`` (or ``demo-starter``, ``demo-pro``,
+``demo-enterprise``); without a key they get the anonymous tier, keyed by client
+IP; an unknown key gets 401 before anything is counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as redis
+from fastapi import Depends, FastAPI, Query
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ratelimit_mw import (
+    CircuitBreaker,
+    CircuitOpenError,
+    IdempotencyMiddleware,
+    IdempotencyStore,
+    MemoryIdempotencyStore,
+    RateLimitMiddleware,
+    RateLimitSettings,
+    RedisIdempotencyStore,
+    TierByAPIKey,
+    breaker_dependency,
+    exempt,
+    limit,
+    quota_router,
+)
+
+TIERS_FILE = Path(__file__).with_name("tiers.toml")
+API_KEYS = {
+    "demo-free": "free",
+    "demo-starter": "starter",
+    "demo-pro": "pro",
+    "demo-enterprise": "enterprise",
+}
+
+settings = RateLimitSettings.from_toml(TIERS_FILE)
+on_redis = settings.storage_url.lower().startswith(("redis://", "rediss://"))
+
+
+class APIKeyAuth:
+    """401 for an ``X-API-Key`` that is not one of ``keys`` (no key at all is anonymous).
+
+    It runs before the rate limiter, so made-up keys never get counters of their own.
+    """
+
+    def __init__(self, app: ASGIApp, keys: dict[str, str], open_paths: tuple[str, ...]) -> None:
+        self.app = app
+        self.keys = keys
+        self.open_paths = open_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.open_paths:
+            await self.app(scope, receive, send)
+            return
+        sent = [value for name, value in scope["headers"] if name == b"x-api-key"]
+        if sent and b",".join(sent).decode("latin-1").strip() not in self.keys:
+            response = JSONResponse(
+                {"error": "unauthorized", "message": "Unknown API key."}, status_code=401,
+                headers={"WWW-Authenticate": 'ApiKey realm="api"', "Cache-Control": "no-store"})
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def _idempotency_store() -> IdempotencyStore:
+    """Idempotency records on the same kind of storage as the rate limits."""
+    if on_redis:
+        client = redis.Redis.from_url(settings.storage_url, decode_responses=False)
+        return RedisIdempotencyStore(client, prefix=f"{settings.storage_prefix}idem:",
+                                     owns_client=True)
+    return MemoryIdempotencyStore()
+
+
+idempotency_store = _idempotency_store()
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    yield
+    await idempotency_store.close()
+
+
+app = FastAPI(title="ratelimit_mw example", lifespan=lifespan)
+
+
+# -- the flaky upstream behind a circuit breaker --------------------------------------
+
+upstream_breaker = CircuitBreaker(
+    name="upstream", window_size=10, minimum_calls=5, failure_rate_threshold=50.0,
+    cooldown=10.0)
+
+
+class UpstreamError(Exception):
+    """The in-process stand-in for a failing dependency."""
+
+
+async def flaky_upstream(failure_rate: float) -> dict[str, Any]:
+    """An upstream service that fails ``failure_rate`` of the time."""
+    await asyncio.sleep(0.005)
+    if random.random() < failure_rate:
+        raise UpstreamError("upstream failed")
+    return {"upstream": "ok"}
+
+
+# -- routes ---------------------------------------------------------------------------
+
+@app.get("/health")
+@exempt
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@app.get("/api/v1/hello")
+async def hello() -> dict[str, str | int]:
+    return {"message": "hello", "worker": os.getpid()}
+
+
+@app.get("/api/v1/slow")
+async def slow(seconds: float = Query(0.5, ge=0, le=30)) -> dict[str, float]:
+    await asyncio.sleep(seconds)
+    return {"slept": seconds}
+
+
+@app.post("/api/v1/reports", status_code=201)
+@limit("2/minute", name="reports")
+async def create_report() -> dict[str, str]:
+    return {"report": "queued"}
+
+
+_payments = iter(range(1, 1 << 62))
+
+
+@app.post("/api/v1/payments", status_code=201)
+async def create_payment(payment: dict[str, Any]) -> dict[str, Any]:
+    # Runs once per Idempotency-Key: a retry gets this same answer replayed.
+    return {"payment_id": f"pay_{next(_payments)}", "status": "succeeded", **payment}
+
+
+@app.get("/api/v1/upstream", dependencies=[Depends(breaker_dependency(upstream_breaker))])
+async def upstream(failure_rate: float = Query(0.0, ge=0, le=1)) -> JSONResponse:
+    try:
+        result = await upstream_breaker.call(flaky_upstream, failure_rate)
+    except CircuitOpenError:  # opened by a concurrent call since the dependency looked
+        return JSONResponse({"error": "service_unavailable"}, status_code=503,
+                            headers={"Retry-After": str(max(1, round(
+                                upstream_breaker.remaining_cooldown + 0.5)))})
+    except UpstreamError:
+        return JSONResponse({"error": "bad_gateway", "message": "the upstream failed"},
+                            status_code=502)
+    return JSONResponse(result)
+
+
+app.include_router(quota_router())
+
+# Outermost last: unknown keys are refused first, then requests are rate limited,
+# then a keyed payment is run at most once.
+app.add_middleware(IdempotencyMiddleware, store=idempotency_store,
+                   required=["POST /api/v1/payments"])
+# (mypy: Starlette's middleware-factory protocol can't express a positional-or-keyword
+# ``settings`` parameter; the call is right.)
+app.add_middleware(RateLimitMiddleware, settings=settings,  # type: ignore[arg-type]
+                   tier_resolver=TierByAPIKey(API_KEYS, header=settings.api_key_header))
+app.add_middleware(APIKeyAuth, keys=API_KEYS, open_paths=("/health",))

@@ -1,0 +1,289 @@
+"""Quota endpoints: each caller's own plan, limits, usage and usage history.
+
+Mount them behind `RateLimitMiddleware` (they ask it who the caller is, so they
+resolve identity exactly as the limits do)::
+
+    app = Starlette(routes=[*quota_routes()])            # Starlette
+    app.include_router(quota_router())                    # FastAPI
+
+``GET /api/v1/account/quota``::
+
+    {"plan": "pro", "period": "2024-01",
+     "limits": {"requests_per_minute": 1000, "requests_per_day": 500000},
+     "usage": {"requests_today": 12345, "requests_this_minute": 234},
+     "resets_at": "2024-02-01T00:00:00Z"}
+
+How the numbers are computed (all for the caller's key, on the middleware's storage):
+
+- ``limits``: one ``requests_per_<period>`` entry per rate limit of the tier (the
+  sustained amount; the smallest if two share a period). Only when the tier has
+  them: ``burst`` (``{"requests_per_minute": 20}``: the burst of a token bucket or
+  GCRA) and ``concurrency`` (``{"limit": 2, "in_flight": 1}``, this request included).
+- ``requests_today``: the usage-history bucket of the current UTC day (admitted
+  requests, counted in the same atomic call that decided them; needs
+  ``quota_history``); without history, what the tier's per-day limit counts
+  (``limit - remaining`` of a read-only peek); ``null`` if neither exists.
+- ``requests_this_minute``: what the tier's per-minute limit counts right now, by a
+  read-only peek: ``limit - remaining``. For a fixed window that is the requests of
+  this clock minute; for a sliding log, of the last 60 s; for a sliding-window
+  counter, its weighted estimate; for a token bucket or GCRA, the burst spent and not
+  yet refilled. ``null`` when the tier has no per-minute limit.
+- ``requests_this_month`` (only when the tier has a monthly limit, e.g.
+  ``Limit.monthly``): what that limit counts (exact for a calendar month).
+- ``period`` is the current UTC calendar month and ``resets_at`` the start of the
+  next one (when monthly quotas reset).
+
+``GET /api/v1/account/quota/history?granularity=hour|day&from=…&to=…``: admitted
+requests per UTC hour or day bucket; ``from``/``to`` are ISO dates (``2024-01-31``,
+a date-only ``to`` meaning the end of that day), ISO date-times or epoch seconds.
+Default range: the last 24 hours (hour) or 30 days (day). Buckets older than the
+retention (``usage_retention_hours``/``_days``) are not reported.
+
+A request the middleware can't attribute, or (unless ``allow_anonymous``) one known
+only by its client IP, gets 401: quotas belong to accounts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import UTC, date, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .decision import Decision
+from .errors import StorageError
+from .middleware import STATE_MIDDLEWARE, Caller, RateLimitMiddleware
+from .storage.base import BUCKET_SECONDS, Granularity
+
+if TYPE_CHECKING:
+    from fastapi import APIRouter
+
+__all__ = ["QuotaEndpoints", "quota_router", "quota_routes"]
+
+QUOTA_PATH = "/api/v1/account/quota"
+_UNITS = {1: "second", 60: "minute", 3600: "hour", 86400: "day", 30 * 86400: "month"}
+# (``N/month`` is 30 days as a rate; a ``Limit.monthly`` counts calendar months.)
+_DEFAULT_SPAN = {"hour": 24 * 3600, "day": 30 * 86400}
+
+
+def _unit(limit_period: float) -> str:
+    seconds = round(limit_period)
+    return _UNITS.get(seconds, f"{limit_period:g}s")
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _month(now: float) -> tuple[str, float, float]:
+    """The UTC month of ``now``: its label, start and the start of the next one."""
+    day = datetime.fromtimestamp(now, UTC)
+    start = datetime(day.year, day.month, 1, tzinfo=UTC)
+    after = datetime(day.year + day.month // 12, day.month % 12 + 1, 1, tzinfo=UTC)
+    return f"{day.year:04d}-{day.month:02d}", start.timestamp(), after.timestamp()
+
+
+def _error(status: int, error: str, message: str, **headers: str) -> JSONResponse:
+    return JSONResponse({"error": error, "message": message}, status_code=status,
+                        headers={"Cache-Control": "no-store", **headers})
+
+
+class _BadParameterError(ValueError):
+    """A query parameter that can't be understood."""
+
+
+def _when(value: str, name: str, *, end: bool) -> float:
+    """Epoch seconds from ``1706745600``, ``2024-02-01`` or ``2024-02-01T10:00:00Z``."""
+    text = value.strip()
+    try:
+        number = float(text)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(number) or not 0 <= number < 253402300800:
+            msg = f"{name}={value!r} is out of range"
+            raise _BadParameterError(msg)
+        return number
+    try:
+        if len(text) == 10:
+            day = date.fromisoformat(text)
+            moment = datetime(day.year, day.month, day.day, tzinfo=UTC)
+            if end:  # a date-only end means the whole of that day
+                moment += timedelta(days=1, microseconds=-1)
+            return moment.timestamp()
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        msg = (f"couldn't read {name}={value[:40]!r}; expected an ISO date (2024-01-31), "
+               f"an ISO date-time (2024-01-31T10:00:00Z) or epoch seconds")
+        raise _BadParameterError(msg) from exc
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+class QuotaEndpoints:
+    """The two quota handlers (``quota`` and ``history``), as Starlette endpoints.
+
+    ``allow_anonymous``: let callers known only by their IP see their quota too.
+    """
+
+    __slots__ = ("allow_anonymous",)
+
+    def __init__(self, *, allow_anonymous: bool = False) -> None:
+        self.allow_anonymous = allow_anonymous
+
+    async def _caller(self, request: Request) -> tuple[RateLimitMiddleware, Caller | None]:
+        state = request.scope.get("state")
+        middleware = state.get(STATE_MIDDLEWARE) if isinstance(state, dict) else None
+        if not isinstance(middleware, RateLimitMiddleware):
+            msg = ("the quota endpoints need RateLimitMiddleware in front of them "
+                   "(app.add_middleware(RateLimitMiddleware, ...))")
+            raise RuntimeError(msg)
+        caller = await middleware.identify(request.scope)
+        if caller is None or (caller.anonymous and not self.allow_anonymous):
+            return middleware, None
+        return middleware, caller
+
+    @staticmethod
+    def _unauthorized() -> JSONResponse:
+        return _error(401, "unauthorized", "Send a valid API key to see your quota.",
+                      **{"WWW-Authenticate": 'ApiKey realm="api"'})
+
+    async def quota(self, request: Request) -> Response:
+        """``GET …/quota``: the caller's plan, limits, usage and when the period resets."""
+        middleware, caller = await self._caller(request)
+        if caller is None:
+            return self._unauthorized()
+        plan = middleware.plan_for(caller.tier)
+        now = middleware.clock()
+        label, _, month_end = _month(now)
+        storage = middleware.storage
+        try:
+            peek = await storage.peek(caller.key, plan.hits) if plan.hits else None
+            today: int | None = None
+            if middleware.settings.quota_history:
+                days = await storage.usage(caller.key, "day", now, now)
+                today = days[-1][1] if days else 0
+        except (StorageError, TimeoutError) as exc:
+            return _error(503, "quota_unavailable", f"The quota can't be read right now: {exc}",
+                          **{"Retry-After": "1"})
+        report = _Report()
+        for decision in peek.decisions if peek is not None else ():
+            if not decision.scope:  # a route's own limits are not part of the plan
+                report.add(decision)
+        usage: dict[str, int | None] = {
+            "requests_today": today if today is not None else report.counted.get("day"),
+            "requests_this_minute": report.counted.get("minute"),
+        }
+        if "month" in report.counted:
+            usage["requests_this_month"] = report.counted["month"]
+        body: dict[str, Any] = {
+            "plan": caller.tier.name,
+            "period": label,
+            "limits": report.limits,
+            "usage": usage,
+            "resets_at": _iso(month_end),
+        }
+        if report.burst:
+            body["burst"] = report.burst
+        if report.concurrency is not None:
+            body["concurrency"] = report.concurrency
+        return JSONResponse(body, headers={"Cache-Control": "no-store"})
+
+    async def history(self, request: Request) -> Response:
+        """``GET …/quota/history``: admitted requests per hour or day bucket."""
+        middleware, caller = await self._caller(request)
+        if caller is None:
+            return self._unauthorized()
+        if not middleware.settings.quota_history:
+            return _error(404, "quota_history_disabled",
+                          "Usage history is not recorded here (quota_history is off).")
+        params = request.query_params
+        granularity = params.get("granularity", "day").strip().lower()
+        if granularity not in BUCKET_SECONDS:
+            return _error(400, "bad_request", "granularity must be 'hour' or 'day'")
+        now = middleware.clock()
+        try:
+            end = _when(params["to"], "to", end=True) if "to" in params else now
+            start = (_when(params["from"], "from", end=False) if "from" in params
+                     else end - _DEFAULT_SPAN[granularity] + 1)
+        except _BadParameterError as exc:
+            return _error(400, "bad_request", str(exc))
+        if start > end:
+            return _error(400, "bad_request", "'from' must not be after 'to'")
+        grain: Granularity = "hour" if granularity == "hour" else "day"
+        try:
+            buckets = await middleware.storage.usage(caller.key, grain, start, end)
+        except (StorageError, TimeoutError) as exc:
+            return _error(503, "quota_unavailable", f"The history can't be read right now: {exc}",
+                          **{"Retry-After": "1"})
+        return JSONResponse({
+            "plan": caller.tier.name,
+            "granularity": granularity,
+            "from": _iso(start),
+            "to": _iso(end),
+            "buckets": [{"start": _iso(epoch), "requests": count} for epoch, count in buckets],
+            "total": sum(count for _, count in buckets),
+        }, headers={"Cache-Control": "no-store"})
+
+
+class _Report:
+    """The plan's limits and what each counts now, gathered from a peek."""
+
+    __slots__ = ("burst", "concurrency", "counted", "limits")
+
+    def __init__(self) -> None:
+        self.limits: dict[str, int] = {}
+        self.burst: dict[str, int] = {}
+        self.counted: dict[str, int] = {}
+        self.concurrency: dict[str, int] | None = None
+
+    def add(self, decision: Decision) -> None:
+        limit = decision.policy
+        used = max(0, decision.limit - decision.remaining)
+        if limit.is_concurrency:
+            self.concurrency = {"limit": limit.capacity, "in_flight": used}
+            return
+        unit = _unit(limit.period)
+        name = f"requests_per_{unit}"
+        if name not in self.limits or limit.amount < self.limits[name]:
+            self.limits[name] = limit.amount
+            self.counted[unit] = used
+            if limit.burst is not None:
+                self.burst[name] = limit.burst
+
+
+def quota_routes(
+    path: str = QUOTA_PATH, *, allow_anonymous: bool = False,
+) -> list[Route]:
+    """Starlette routes: ``GET {path}`` and ``GET {path}/history``."""
+    endpoints = QuotaEndpoints(allow_anonymous=allow_anonymous)
+    return [
+        Route(path, endpoints.quota, methods=["GET"], name="account_quota"),
+        Route(f"{path}/history", endpoints.history, methods=["GET"],
+              name="account_quota_history"),
+    ]
+
+
+def quota_router(
+    path: str = QUOTA_PATH, *, allow_anonymous: bool = False, tags: Sequence[str] = ("quota",),
+) -> APIRouter:
+    """A FastAPI ``APIRouter`` with the same two endpoints."""
+    try:
+        from fastapi import APIRouter
+    except ImportError as exc:  # pragma: no cover - fastapi is an optional extra
+        msg = "quota_router needs FastAPI: pip install 'ratelimit_mw[fastapi]'"
+        raise ImportError(msg) from exc
+    endpoints = QuotaEndpoints(allow_anonymous=allow_anonymous)
+    router = APIRouter(tags=list(tags))
+    extra: dict[str, Any] = {"response_class": JSONResponse}
+    router.add_api_route(path, endpoints.quota, methods=["GET"], name="account_quota",
+                         summary="Your plan, limits and usage", **extra)
+    router.add_api_route(f"{path}/history", endpoints.history, methods=["GET"],
+                         name="account_quota_history",
+                         summary="Your usage per hour or day", **extra)
+    return router

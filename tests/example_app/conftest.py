@@ -1,0 +1,124 @@
+"""The example app as a real uvicorn subprocess, on memory or on the test Redis."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class ExampleServer:
+    """``uvicorn example_app.main:app`` in a session of its own (so a supervisor and its
+    workers can all be killed), on a free loopback port."""
+
+    def __init__(self, env: dict[str, str], *, workers: int = 1,
+                 command: Sequence[str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("RATELIMIT_")}
+        self.env.update(env)
+        self.command = list(command) if command is not None else [
+            sys.executable, "-m", "uvicorn", "example_app.main:app", "--host", "127.0.0.1",
+            "--port", str(self.port), "--log-level", "warning",
+            *(["--workers", str(workers)] if workers > 1 else [])]
+        self.log = tempfile.NamedTemporaryFile(prefix="example-app-", suffix=".log")  # noqa: SIM115
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> ExampleServer:
+        self.proc = subprocess.Popen(self.command, cwd=ROOT, env=self.env, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                pytest.fail(f"the example app exited:\n{self.output()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                pytest.fail(f"the example app did not start:\n{self.output()}")
+            time.sleep(0.05)
+
+    def kill_hard(self) -> None:
+        """SIGKILL the server process (a worker killed mid-request), no cleanup run."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        """Kill the process group this server started (supervisor and workers)."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):  # the group we started, nothing else
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        self.proc = None
+
+    def output(self) -> str:
+        self.log.flush()
+        return Path(self.log.name).read_text(errors="replace")[-4000:]
+
+    def close(self) -> None:
+        self.stop()
+        self.log.close()
+
+
+def env_for(kind: str, redis_url: str | None, prefix: str | None,
+            **settings: str) -> dict[str, str]:
+    """``RATELIMIT_*`` variables for a server on ``memory`` or ``redis``."""
+    env = {f"RATELIMIT_{name.upper()}": value for name, value in settings.items()}
+    if kind == "redis":
+        assert redis_url is not None and prefix is not None
+        env["RATELIMIT_STORAGE_URL"] = redis_url
+        env["RATELIMIT_STORAGE_PREFIX"] = prefix
+    return env
+
+
+StartServer = Callable[..., ExampleServer]
+
+
+@pytest.fixture
+def start_server(request: pytest.FixtureRequest) -> Iterator[StartServer]:
+    """``start_server(kind, workers=1, **settings)`` -> a started ExampleServer; all are
+    killed at teardown."""
+    servers: list[ExampleServer] = []
+
+    def start(kind: str, *, workers: int = 1, **settings: str) -> ExampleServer:
+        redis_url = prefix = None
+        if kind == "redis":
+            redis_url = request.getfixturevalue("redis_url")
+            prefix = request.getfixturevalue("redis_prefix")
+        server = ExampleServer(env_for(kind, redis_url, prefix, **settings), workers=workers)
+        servers.append(server)
+        return server.start()
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+def kind(request: pytest.FixtureRequest) -> str:
+    """Each test runs on in-memory storage and on Redis."""
+    return str(request.param)
+
+
+FREE = {"X-API-Key": "demo-free"}
+STARTER = {"X-API-Key": "demo-starter"}
+PRO = {"X-API-Key": "demo-pro"}
+ENTERPRISE = {"X-API-Key": "demo-enterprise"}

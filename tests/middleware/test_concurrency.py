@@ -1,0 +1,441 @@
+"""Tier concurrency: a slot per request in flight, taken with the rate limits in one
+call, given back when the response ends, the client goes away or the app raises."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ratelimit_mw import Hit, Limit, MemoryStorage, RedisStorage, Storage
+from ratelimit_mw.middleware import RateLimitMiddleware
+from ratelimit_mw.tiers import Tier
+from tests.conftest import FakeClock, free_port
+
+from .conftest import CLIENT, client_for, make_app
+
+KEY = f"ip:{CLIENT[0]}"
+
+
+class Gate:
+    """Endpoints that wait until the test opens the gate."""
+
+    def __init__(self) -> None:
+        self.open = asyncio.Event()
+        self.entered = 0
+
+    async def wait(self, request: Request) -> Response:
+        self.entered += 1
+        await self.open.wait()
+        return PlainTextResponse("done")
+
+    async def fail(self, request: Request) -> Response:
+        msg = "the app broke"
+        raise RuntimeError(msg)
+
+    def routes(self) -> list[Route]:
+        return [Route("/wait", self.wait), Route("/fail", self.fail),
+                Route("/", lambda request: PlainTextResponse("ok"))]
+
+
+async def in_flight(storage: Storage, capacity: int, key: str = KEY, lease: float = 30.0) -> int:
+    """The slots of ``key`` taken right now, read without taking one."""
+    verdict = await storage.peek(key, [Hit(Limit.concurrency(capacity, lease=lease))])
+    return capacity - verdict.decisions[0].remaining
+
+
+async def until(predicate: Any, timeout: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def test_third_request_in_flight_is_429_and_slots_come_back(
+    clock: FakeClock, memory: MemoryStorage,
+) -> None:
+    """Capacity 2: two held requests, the third is a 429 reported as a concurrent
+    policy; when they end, both slots are free again."""
+    gate = Gate()
+    app = make_app(gate.routes(), tiers=[Tier("t", "100/minute", concurrency=2)],
+                   storage=memory, clock=clock, header_style="legacy+draft-11")
+    async with client_for(app) as client:
+        held = [asyncio.ensure_future(client.get("/wait")) for _ in range(2)]
+        await until(lambda: _true(gate.entered == 2))
+        denied = await client.get("/")
+        assert await in_flight(memory, 2) == 2
+        gate.open.set()
+        done = await asyncio.gather(*held)
+        assert await in_flight(memory, 2) == 0
+        after = await client.get("/")
+    assert [r.status_code for r in done] == [200, 200]
+    assert done[0].headers["ratelimit"].endswith('"concurrent";r=1')
+    assert denied.status_code == 429
+    assert denied.headers["retry-after"] == "1"
+    assert denied.headers["ratelimit-policy"] == (
+        '"100-per-minute";q=100;w=60,"concurrent";q=2;qu="concurrent-requests"')
+    assert denied.headers["ratelimit"].endswith('"concurrent";r=0;t=1')
+    assert denied.headers["x-ratelimit-limit"] == "2"
+    body = denied.json()
+    assert body["message"] == (
+        "Too many requests in flight. You may have at most 2 concurrent requests.")
+    assert (body["limit"], body["window"], body["retry_after_seconds"]) == (2, None, 1)
+    assert after.status_code == 200
+    # An admitted response reports the rate limit, not the free slots, in legacy headers.
+    assert after.headers["x-ratelimit-limit"] == "100"
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_slot_comes_back_when_the_app_raises(
+    clock: FakeClock, memory: MemoryStorage,
+) -> None:
+    """An exception in the app still gives the slot back."""
+    app = make_app(Gate().routes(), tiers=[Tier("t", "100/minute", concurrency=1)],
+                   storage=memory, clock=clock)
+    async with client_for(app) as client:
+        with pytest.raises(RuntimeError, match="the app broke"):
+            await client.get("/fail")
+        assert await in_flight(memory, 1) == 0
+        assert (await client.get("/")).status_code == 200
+
+
+async def test_full_slot_consumes_no_rate_and_is_never_cached_as_blocked(
+    clock: FakeClock, memory: MemoryStorage,
+) -> None:
+    """Denied by the slot: the rate limit is untouched, and the denial is not kept in the
+    blocked-keys cache (the next request after a slot frees passes at the same instant)."""
+    gate = Gate()
+    tier = Tier("t", [Limit.parse("3/minute", "fixed_window", name="rate")], concurrency=1)
+    app = make_app(gate.routes(), tiers=[tier], storage=memory, clock=clock)
+    async with client_for(app) as client:
+        held = asyncio.ensure_future(client.get("/wait"))
+        await until(lambda: _true(gate.entered == 1))
+        denied = [(await client.get("/")).status_code for _ in range(3)]
+        gate.open.set()
+        await held
+        passed = await client.get("/")
+    assert denied == [429, 429, 429]
+    assert passed.status_code == 200
+    assert passed.headers["x-ratelimit-remaining"] == "1"  # 3 - /wait - this one
+
+
+async def test_rate_denial_takes_no_slot(clock: FakeClock, memory: MemoryStorage) -> None:
+    """Over the rate limit: 429 from the rate, and no slot is held afterwards."""
+    tier = Tier("t", [Limit.parse("1/minute", "fixed_window")], concurrency=5)
+    app = make_app(Gate().routes(), tiers=[tier], storage=memory, clock=clock)
+    async with client_for(app) as client:
+        assert (await client.get("/")).status_code == 200
+        denied = await client.get("/")
+    assert denied.status_code == 429
+    assert denied.json()["window"] == "60s"
+    assert await in_flight(memory, 5) == 0
+
+
+async def test_shadow_only_denial_still_takes_and_returns_a_slot(
+    clock: FakeClock, memory: MemoryStorage,
+) -> None:
+    """A request let through by a shadow limit is decided again on the enforced limits,
+    slot included, and gives that slot back."""
+    gate = Gate()
+    tier = Tier("t", [Limit.parse("1/minute", "fixed_window", name="trial")],
+                concurrency=1, shadow=frozenset({"trial"}))
+    app = make_app(gate.routes(), tiers=[tier], storage=memory, clock=clock)
+    async with client_for(app) as client:
+        assert (await client.get("/")).status_code == 200
+        held = asyncio.ensure_future(client.get("/wait"))  # over "trial": shadow only
+        await until(lambda: _true(gate.entered == 1))
+        assert await in_flight(memory, 1) == 1
+        assert (await client.get("/")).status_code == 429  # the slot is enforced
+        gate.open.set()
+        assert (await held).status_code == 200
+    assert await in_flight(memory, 1) == 0
+
+
+async def test_lease_setting_and_route_cost_shape_the_slot(
+    clock: FakeClock, memory: MemoryStorage,
+) -> None:
+    """``concurrency_lease`` sets the lease; a route's cost never takes more than one slot."""
+    gate = Gate()
+    tier = Tier("t", "100/minute", concurrency=1)
+    app = make_app(gate.routes(), tiers=[tier], storage=memory, clock=clock,
+                   concurrency_lease=5.0)
+    async with client_for(app) as client:
+        held = asyncio.ensure_future(client.get("/wait"))
+        await until(lambda: _true(gate.entered == 1))
+        assert await in_flight(memory, 1, lease=5.0) == 1
+        clock.advance(5.01)  # a lease not given back frees itself
+        assert await in_flight(memory, 1, lease=5.0) == 0
+        gate.open.set()
+        await held
+
+
+def test_a_bad_lease_fails_at_start() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="concurrency_lease must be a positive"):
+        RateLimitMiddleware(make_app(), tiers=[Tier("t", "1/minute")], concurrency_lease=0)
+
+
+# -- storage down: the failure mode decides ---------------------------------------------
+
+def _dead_redis() -> str:
+    return f"redis://127.0.0.1:{free_port()}/0"
+
+
+async def test_storage_down_open_mode_skips_slots() -> None:
+    """``open``: while the storage is down requests pass undecided, slots included."""
+    gate = Gate()
+    app = make_app(gate.routes(), tiers=[Tier("t", "100/minute", concurrency=1)],
+                   storage_url=_dead_redis(), storage_timeout=0.2, failure_mode="open")
+    async with client_for(app) as client:
+        held = asyncio.ensure_future(client.get("/wait"))
+        await until(lambda: _true(gate.entered == 1))
+        second = await client.get("/")
+        gate.open.set()
+        first = await held
+    assert (first.status_code, second.status_code) == (200, 200)
+
+
+async def test_storage_down_memory_mode_enforces_and_returns_local_slots() -> None:
+    """``memory``: the local fallback takes the slots, and they go back to it."""
+    gate = Gate()
+    app = make_app(gate.routes(), tiers=[Tier("t", "100/minute", concurrency=1)],
+                   storage_url=_dead_redis(), storage_timeout=0.2, failure_mode="memory")
+    async with client_for(app) as client:
+        held = asyncio.ensure_future(client.get("/wait"))
+        await until(lambda: _true(gate.entered == 1))
+        second = await client.get("/")
+        gate.open.set()
+        first = await held
+        third = await client.get("/")
+    assert (first.status_code, second.status_code, third.status_code) == (200, 429, 200)
+
+
+async def test_storage_down_closed_mode_refuses() -> None:
+    app = make_app(Gate().routes(), tiers=[Tier("t", "100/minute", concurrency=1)],
+                   storage_url=_dead_redis(), storage_timeout=0.2, failure_mode="closed")
+    async with client_for(app) as client:
+        assert (await client.get("/")).status_code == 503
+
+
+# -- on Redis ---------------------------------------------------------------------------
+
+@pytest.mark.redis
+async def test_redis_slots_are_taken_atomically_and_given_back(
+    redis_url: str, redis_prefix: str,
+) -> None:
+    """On Redis: a rate denial takes no slot, a slot denial consumes no rate, and every
+    slot is back (ZREM) after the requests end; usage is counted in the same call."""
+    gate = Gate()
+    storage = RedisStorage.from_url(redis_url, prefix=redis_prefix)
+    tier = Tier("t", [Limit.parse("3/minute", "fixed_window", name="rate")], concurrency=1)
+    app = make_app(gate.routes(), tiers=[tier], storage=storage, quota_history=True)
+    try:
+        async with client_for(app) as client:
+            held = asyncio.ensure_future(client.get("/wait"))
+            await until(lambda: _true(gate.entered == 1))
+            assert await in_flight(storage, 1) == 1
+            slot_denied = await client.get("/")
+            gate.open.set()
+            assert (await held).status_code == 200
+            assert await in_flight(storage, 1) == 0
+            codes = [(await client.get("/")).status_code for _ in range(3)]
+            assert await in_flight(storage, 1) == 0
+        now = time.time()
+        day = await storage.usage(KEY, "day", now, now)
+    finally:
+        await storage.close()
+    assert slot_denied.status_code == 429
+    assert codes == [200, 200, 429]  # 3/minute: /wait, then two; the slot denial cost none
+    assert day[0][1] == 3  # admitted requests only
+
+
+# -- a real server: streaming bodies and disconnects ------------------------------------
+
+@pytest.fixture
+def stream_server(memory_wall: MemoryStorage) -> Iterator[tuple[str, threading.Event]]:
+    """uvicorn (in a thread) with a tier of one slot, and endpoints that stream."""
+    release = threading.Event()
+
+    async def held_stream(request: Request) -> Response:
+        async def body() -> AsyncIterator[bytes]:
+            yield b"first;"
+            while not release.is_set():
+                await asyncio.sleep(0.01)
+            yield b"last"
+
+        return StreamingResponse(body(), media_type="text/plain")
+
+    async def endless(request: Request) -> Response:
+        async def body() -> AsyncIterator[bytes]:
+            while True:
+                yield b"x" * 1024
+                await asyncio.sleep(0.01)
+
+        return StreamingResponse(body(), media_type="text/plain")
+
+    app = make_app([Route("/held", held_stream), Route("/endless", endless),
+                    Route("/", lambda request: PlainTextResponse("ok"))],
+                   tiers=[Tier("t", "1000/minute", concurrency=1)], storage=memory_wall)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}", release
+    finally:
+        release.set()
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture
+def memory_wall() -> MemoryStorage:
+    return MemoryStorage()
+
+
+async def test_streaming_response_holds_its_slot_until_the_body_ends(
+    stream_server: tuple[str, threading.Event],
+) -> None:
+    url, release = stream_server
+    async with httpx.AsyncClient(base_url=url, timeout=5) as client:
+        async with client.stream("GET", "/held") as streaming:
+            chunks = streaming.aiter_bytes()
+            assert (await anext(chunks)).startswith(b"first;")
+            during = await client.get("/")
+            release.set()
+            rest = b"".join([chunk async for chunk in chunks])
+        after = await client.get("/")
+    assert during.status_code == 429
+    assert rest.endswith(b"last")
+    assert after.status_code == 200
+
+
+async def test_client_disconnect_gives_the_slot_back(
+    stream_server: tuple[str, threading.Event], memory_wall: MemoryStorage,
+) -> None:
+    """A client that goes away mid-stream: the stream stops and its slot comes back."""
+    url, _ = stream_server
+    async with httpx.AsyncClient(base_url=url, timeout=5) as client:
+        async with client.stream("GET", "/endless") as streaming:
+            assert streaming.status_code == 200  # headers are in; the body never ends
+            assert (await client.get("/")).status_code == 429
+        # Leaving the block mid-body closed the connection.
+        await until(lambda: _free(memory_wall), timeout=5)
+        assert (await client.get("/")).status_code == 200
+
+
+async def _free(storage: MemoryStorage) -> bool:
+    return await in_flight(storage, 1, key="ip:127.0.0.1") == 0
+
+
+async def test_websocket_holds_its_slot_while_connected(
+    clock: FakeClock, memory: MemoryStorage,
+) -> None:
+    """With limit_websockets, a connection holds a slot until it ends: a second connect
+    meanwhile is closed with 1008, and one after it is accepted."""
+    from starlette.routing import WebSocketRoute
+    from starlette.websockets import WebSocket
+
+    hang_up = asyncio.Event()
+
+    async def chat(websocket: WebSocket) -> None:
+        await websocket.accept()
+        await hang_up.wait()
+        await websocket.close()
+
+    app = make_app([WebSocketRoute("/ws", chat)], tiers=[Tier("t", "100/minute", concurrency=1)],
+                   storage=memory, clock=clock, limit_websockets=True)
+
+    async def connect() -> list[Any]:
+        sent: list[Any] = []
+        incoming = [{"type": "websocket.connect"}]
+
+        async def receive() -> Any:
+            if incoming:
+                return incoming.pop(0)
+            await hang_up.wait()
+            return {"type": "websocket.disconnect", "code": 1000}
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        scope = {"type": "websocket", "path": "/ws", "raw_path": b"/ws", "root_path": "",
+                 "scheme": "ws", "query_string": b"", "headers": [], "client": CLIENT,
+                 "server": ("test", 80), "subprotocols": [], "asgi": {"version": "3.0"}}
+        await app(scope, receive, send)
+        return sent
+
+    first = asyncio.ensure_future(connect())
+    await until(lambda: in_flight_is(memory, 1))
+    refused = await connect()
+    hang_up.set()
+    accepted = await first
+    after = await connect()
+    assert refused == [{"type": "websocket.close", "code": 1008, "reason": "rate limit exceeded"}]
+    assert accepted[0]["type"] == "websocket.accept"
+    assert after[0]["type"] == "websocket.accept"
+    assert await in_flight(memory, 1) == 0
+
+
+async def in_flight_is(storage: MemoryStorage, expected: int) -> bool:
+    return await in_flight(storage, 1) == expected
+
+
+@pytest.mark.redis
+async def test_redis_many_requests_ending_together_all_give_back(
+    redis_url: str, redis_prefix: str,
+) -> None:
+    """Twenty requests that end in the same instant: every slot is back afterwards
+    (their releases share one pipelined round trip)."""
+    gate = Gate()
+    storage = RedisStorage.from_url(redis_url, prefix=redis_prefix)
+    app = make_app(gate.routes(), tiers=[Tier("t", "1000/minute", concurrency=20)],
+                   storage=storage)
+    try:
+        async with client_for(app) as client:
+            held = [asyncio.ensure_future(client.get("/wait")) for _ in range(20)]
+            await until(lambda: _true(gate.entered == 20))
+            assert await in_flight(storage, 20) == 20
+            assert (await client.get("/")).status_code == 429
+            gate.open.set()
+            assert [r.status_code for r in await asyncio.gather(*held)] == [200] * 20
+            assert await in_flight(storage, 20) == 0
+    finally:
+        await storage.close()
+
+
+@pytest.mark.redis
+async def test_redis_gone_before_release_is_logged_not_raised(
+    redis_server: Any, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Redis stops while a request holds its slot: the response is still sent, and the
+    failed give-back is a warning (the lease frees the slot)."""
+    gate = Gate()
+    app = make_app(gate.routes(), tiers=[Tier("t", "100/minute", concurrency=1)],
+                   storage_url=redis_server.url, storage_timeout=0.5)
+    async with client_for(app) as client:
+        held = asyncio.ensure_future(client.get("/wait"))
+        await until(lambda: _true(gate.entered == 1))
+        redis_server.stop()
+        gate.open.set()
+        response = await held
+    assert response.status_code == 200
+    assert "couldn't give back 1 concurrency slot(s)" in caplog.text
