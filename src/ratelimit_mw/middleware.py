@@ -76,10 +76,11 @@ class _Blocked:
     def now(self, now: float) -> Verdict:
         """The cached verdict with its times moved on to ``now``."""
         gone = now - self.at
+        at = self.verdict.at
         return Verdict(False, tuple(
             Decision(d.allowed, d.limit, d.remaining, max(0.0, d.reset_after - gone),
                      max(0.0, d.retry_after - gone), d.policy, d.scope)
-            for d in self.verdict.decisions))
+            for d in self.verdict.decisions), (), None if at is None else at + gone)
 
 
 class _Outcome:
@@ -420,6 +421,10 @@ class RateLimitMiddleware:
                 refused: bool, now: float) -> _Outcome:
         """Headers, the denial log line and the metrics hook, for one decision."""
         headers: list[Header] = []
+        if verdict is not None and verdict.at is not None:
+            # Epoch times (X-RateLimit-Reset, reset_at) on the storage's clock: with
+            # Redis, the server's, so app servers with skewed clocks report the same.
+            now = verdict.at
         if verdict is not None:
             if self._format:
                 headers = [*plan.static_headers, *self._format.dynamic(verdict, plan.names, now)]
