@@ -33,7 +33,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, StrictInt, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .errors import ConfigError
@@ -58,7 +58,7 @@ class LimitConfig(_Strict):
 
     rate: str
     algorithm: str = "sliding_window"
-    burst: int | None = None
+    burst: StrictInt | None = None  # strict: `burst = true` is an error, not 1
     name: str = ""
 
     def build(self) -> Limit:
@@ -86,7 +86,7 @@ class TierConfig(_Strict):
 
     limits: LimitsField = []
     algorithm: str = "sliding_window"
-    concurrency: int | None = None
+    concurrency: StrictInt | None = None
     shadow: list[str] = []
 
     def build(self, name: str) -> Tier:
@@ -101,7 +101,7 @@ class RouteConfig(_Strict):
     methods: list[str] = []
     limits: LimitsField = []
     algorithm: str = "sliding_window"
-    cost: int = 1
+    cost: StrictInt = 1
     exempt: bool = False
     shadow: bool = False
 

@@ -268,9 +268,6 @@ def _load(where: str, value: Any) -> RateLimitMiddleware:
         return RateLimitMiddleware(Starlette(), RateLimitSettings.from_toml(path))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "settings validate counts in pydantic's lax mode: `burst = true` becomes 1 and is "
-    "accepted, `concurrency = false` becomes 0 and is refused as 'got 0'"))
 @pytest.mark.parametrize(("where", "value"), [("tiers.free.limits.0.burst", True),
                                               ("tiers.free.concurrency", False)])
 def test_a_boolean_count_is_refused_by_name(where: str, value: bool) -> None:
