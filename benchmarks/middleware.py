@@ -45,6 +45,11 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 APPS = ("bare", "memory", "redis", "denial", "memory-tier", "redis-tier")
+PEERS = (  # the other libraries doing the same job, from benchmarks/peer_apps.py
+    "limits-memory", "limits-redis", "slowapi-memory", "slowapi-redis",
+    "asgi-ratelimit-memory", "asgi-ratelimit-redis", "fastapi-limiter-memory",
+    "fastapi-limiter-redis",
+)
 # also "quiet": memory, no headers
 TARGETS = {"memory": 0.90, "redis": 0.45, "denial": 0.80, "memory-tier": 0.80,
            "redis-tier": 0.40}
@@ -91,8 +96,12 @@ def create_app() -> Starlette:
     elif kind == "denial":
         app.add_middleware(RateLimitMiddleware, tiers=[Tier("t", "1/hour")],
                            storage_url=redis_url, storage_prefix=prefix)
+    elif kind in PEERS:
+        from peer_apps import build  # benchmarks/ is uvicorn's --app-dir
+
+        return build(kind, redis_url, prefix)  # type: ignore[return-value]
     else:
-        msg = f"unknown BENCH_APP {kind!r}; expected one of {APPS}"
+        msg = f"unknown BENCH_APP {kind!r}; expected one of {(*APPS, *PEERS)}"
         raise SystemExit(msg)
     return app
 
@@ -311,8 +320,11 @@ def main() -> None:
                         help="interpreter that runs uvicorn (e.g. one with uvicorn[standard])")
     parser.add_argument("--no-round-trips", action="store_true",
                         help="skip counting Redis commands per request of redis-tier")
-    parser.add_argument("apps", nargs="*", default=list(APPS))
+    parser.add_argument("--no-peers", action="store_true", help="skip the peer libraries")
+    parser.add_argument("apps", nargs="*", default=[])
     args = parser.parse_args()
+    if not args.apps:
+        args.apps = list(APPS) if args.no_peers else [*APPS, *PEERS]
     tool = "wrk" if shutil.which("wrk") else "python load generator"
     server = subprocess.run(
         [args.python, "-c", "import importlib.util as u; print('httptools+uvloop' if "
@@ -327,12 +339,12 @@ def main() -> None:
             rate = measure(kind, args.redis, args.seconds, args.connections, args.python)
             results[kind] = max(rate, results.get(kind, 0.0))
     bare = results["bare"]
-    print(f"{'app':<11} {'req/s':>10} {'ratio':>7} {'target':>7}")
+    print(f"{'app':<23} {'req/s':>10} {'ratio':>7} {'target':>7}")
     for kind, rate in results.items():
         target = TARGETS.get(kind)
         verdict = "" if target is None else ("ok" if rate / bare >= target else "MISS")
         mark = "" if target is None else f"{target:>7.2f} {verdict}"
-        print(f"{kind:<11} {rate:>10.0f} {rate / bare:>7.2f} {mark}")
+        print(f"{kind:<23} {rate:>10.0f} {rate / bare:>7.2f} {mark}")
     if not args.no_round_trips and "redis-tier" in args.apps:
         round_trips(args.python, args.redis)
 
