@@ -20,14 +20,12 @@ import inspect
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .decision import Decision, Lease, Verdict
-from .errors import StorageError
 from .events import DecisionEvent, DecisionHook, Source, call_hook, log_denial
 from .failure import Gate, StorageGuard
 from .headers import HeaderFormat, retry_after_value
@@ -37,7 +35,6 @@ from .responses import Denial, DeniedHook, denial_body, send_response, unavailab
 from .routes import NO_ROUTE, RouteRule, RouteSpec, RouteTable
 from .settings import RateLimitSettings
 from .storage import MemoryStorage, RedisStorage, Storage, storage_from_url
-from .storage.keys import redis_key
 from .tiers import Tier, TierFromHeader, TierResolver, TierTable
 
 __all__ = ["Caller", "RateLimitMiddleware"]
@@ -504,12 +501,13 @@ class RateLimitMiddleware:
 
 class _Returns:
     """Gives back the slots of the requests that end in one event-loop iteration
-    together: on Redis one pipelined round trip for all of them instead of one each."""
+    together, in one ``release`` call bounded by a timeout (on Redis, the storage sends
+    them in the pipeline of that iteration's decisions)."""
 
-    __slots__ = ("_batch", "_done", "_release", "_tasks", "_timeout")
+    __slots__ = ("_batch", "_done", "_storage", "_tasks", "_timeout")
 
     def __init__(self, storage: Storage, timeout: float) -> None:
-        self._release = _release_many(storage)
+        self._storage = storage
         self._timeout = timeout
         self._batch: list[Lease] = []
         self._done: asyncio.Future[None] | None = None
@@ -533,7 +531,7 @@ class _Returns:
         batch, self._batch, self._done = self._batch, [], None
         try:
             async with asyncio.timeout(self._timeout):
-                await self._release(batch)
+                await self._storage.release(batch)
         except Exception as exc:
             done.set_exception(exc)
         else:
@@ -544,29 +542,6 @@ def _retrieve(future: asyncio.Future[None]) -> None:
     """Mark a batch's error as seen (its waiters may all have been cancelled)."""
     if not future.cancelled():
         future.exception()
-
-
-def _release_many(storage: Storage) -> Callable[[list[Lease]], Awaitable[None]]:
-    """``storage.release``, or for a plain ``RedisStorage`` one pipeline of ZREMs (its
-    ``release`` sends one command per lease, awaited one after the other)."""
-    if type(storage) is not RedisStorage:
-        async def give_back(leases: list[Lease]) -> None:
-            await storage.release(leases)
-
-        return give_back
-    client, prefix = storage.client, storage.prefix
-
-    async def release(leases: list[Lease]) -> None:
-        try:
-            async with client.pipeline(transaction=False) as pipe:
-                for lease in leases:
-                    pipe.zrem(redis_key(prefix, lease.key, lease.scope, lease.uid), lease.id)
-                await pipe.execute()
-        except (RedisError, OSError) as exc:
-            msg = f"redis could not release {len(leases)} slot(s): {exc}"
-            raise StorageError(msg) from exc
-
-    return release
 
 
 def _slot_denied(verdict: Verdict) -> bool:

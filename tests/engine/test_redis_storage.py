@@ -211,3 +211,24 @@ async def test_a_caller_that_gives_up_leaves_the_batch_intact(storage: RedisStor
     done = await asyncio.gather(*tasks, return_exceptions=True)
     assert isinstance(done[0], asyncio.CancelledError)
     assert all(v.allowed for v in done[1:])  # type: ignore[union-attr]
+
+
+async def test_releases_ride_in_the_decisions_pipeline(
+    storage: RedisStorage, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Slots given back in the same tick as other decisions share their round trip."""
+    slots = Hit(Limit.concurrency(3))
+    held = [await storage.decide(f"r{i}", [slots]) for i in range(3)]
+    flushes: list[list[str]] = []
+    original = storage._pipelined
+
+    async def recording(batch: Any) -> Any:
+        flushes.append([kind for kind, *_ in batch])
+        return await original(batch)
+
+    monkeypatch.setattr(storage, "_pipelined", recording)
+    await asyncio.gather(*(storage.release(v.leases) for v in held),
+                         *(storage.decide(f"r{i}", [slots]) for i in range(3)))
+    assert flushes == [["release"] * 3 + ["decide"] * 3]
+    looked = await asyncio.gather(*(storage.peek(f"r{i}", [slots]) for i in range(3)))
+    assert [v.decisions[0].remaining for v in looked] == [2, 2, 2]  # 1 given back, 1 taken

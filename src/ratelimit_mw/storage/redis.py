@@ -7,7 +7,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from importlib.resources import files
-from typing import Any
+from typing import Any, Literal
 
 from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -30,6 +30,10 @@ from .keys import check_prefix, encode_part, redis_key
 __all__ = ["RedisStorage", "decide_script_source"]
 
 # RedisClusterException (no topology, slot not covered) is not a RedisError.
+_Kind = Literal["decide", "release"]
+_Queued = tuple[_Kind, list[str], list[str | int], "asyncio.Future[Any]"]
+"""A command waiting for the next pipeline flush, and the future of its reply."""
+
 _FAILURES = (redis_errors.RedisError, redis_errors.RedisClusterException, OSError,
              asyncio.TimeoutError)
 
@@ -67,7 +71,7 @@ class RedisStorage(Storage):
         # Decisions asked for in the same event-loop tick go out as one pipeline: one
         # write and one read for many requests. Plain Redis only (Cluster routes per key).
         self.pipeline = isinstance(client, Redis) if pipeline is None else pipeline
-        self._batch: list[tuple[list[str], list[str | int], asyncio.Future[Any]]] = []
+        self._batch: list[_Queued] = []
         self._flushes: set[asyncio.Task[None]] = set()
         self.retention = UsageRetention(*usage_retention).check()
         self._client = client
@@ -150,12 +154,17 @@ class RedisStorage(Storage):
 
     async def _batched(self, keys: list[str], args: list[str | int]) -> Any:
         """Run the script in the next pipeline flush, with whatever else joins it."""
+        return await self._queue("decide", keys, args)
+
+    def _queue(self, kind: _Kind, keys: list[str], args: list[str | int]) -> asyncio.Future[Any]:
+        """Queue one command for the next flush (queued at once, so a caller cancelled
+        right after still has its command sent)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         if not self._batch:
             loop.call_soon(self._flush)
-        self._batch.append((keys, args, future))
-        return await future
+        self._batch.append((kind, keys, args, future))
+        return future
 
     def _flush(self) -> None:
         batch, self._batch = self._batch, []
@@ -163,20 +172,23 @@ class RedisStorage(Storage):
         self._flushes.add(task)  # a reference, so the task is not collected mid-flight
         task.add_done_callback(self._flushes.discard)
 
-    async def _send(self, batch: list[tuple[list[str], list[str | int], asyncio.Future[Any]]],
-                    ) -> None:
-        """One round trip for the whole batch; NOSCRIPT (a restarted Redis) loads it again."""
+    async def _send(self, batch: list[_Queued]) -> None:
+        """One round trip for the whole batch; NOSCRIPT (a restarted Redis) loads the
+        script again and re-runs only the decisions that missed it."""
         try:
             if len(batch) == 1:
-                keys, args, _ = batch[0]
-                replies: list[Any] = [await self._script(keys=keys, args=args)]
+                replies: list[Any] = [await self._one(batch[0])]
             else:
                 replies = await self._pipelined(batch)
-                if any(isinstance(reply, redis_errors.NoScriptError) for reply in replies):
+                missed = [i for i, reply in enumerate(replies)
+                          if isinstance(reply, redis_errors.NoScriptError)]
+                if missed:
                     await self._client.script_load(self._script.script)
-                    replies = await self._pipelined(batch)
+                    again = await self._pipelined([batch[i] for i in missed])
+                    for i, reply in zip(missed, again, strict=True):
+                        replies[i] = reply
         except BaseException as exc:  # handed to every waiter, then re-raised if not an error
-            for _, _, future in batch:
+            for *_, future in batch:
                 if future.done():
                     continue
                 if isinstance(exc, asyncio.CancelledError):
@@ -186,27 +198,42 @@ class RedisStorage(Storage):
             if not isinstance(exc, Exception):
                 raise
             return
-        for (_, _, future), reply in zip(batch, replies, strict=True):
+        for (*_, future), reply in zip(batch, replies, strict=True):
             if future.done():
-                continue  # its caller gave up (a timeout); the decision stands
+                continue  # its caller gave up (a timeout); the command stands
             if isinstance(reply, Exception):
                 future.set_exception(reply)
             else:
                 future.set_result(reply)
 
-    async def _pipelined(
-        self, batch: list[tuple[list[str], list[str | int], asyncio.Future[Any]]],
-    ) -> list[Any]:
+    async def _one(self, queued: _Queued) -> Any:
+        kind, keys, args, _ = queued
+        if kind == "decide":
+            return await self._script(keys=keys, args=args)
+        return await self._client.zrem(keys[0], *args)
+
+    async def _pipelined(self, batch: list[_Queued]) -> list[Any]:
         async with self._client.pipeline(transaction=False) as pipe:
-            for keys, args, _ in batch:
-                pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+            for kind, keys, args, _ in batch:
+                if kind == "decide":
+                    pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+                else:
+                    pipe.zrem(keys[0], *args)
             return list(await pipe.execute(raise_on_error=False))
 
     async def release(self, leases: Sequence[Lease]) -> None:
+        """Give slots back: one ZREM each, in the next pipeline flush with the decisions
+        of the same event-loop iteration (Cluster: one after the other)."""
         try:
-            for lease in leases:
-                name = redis_key(self.prefix, lease.key, lease.scope, lease.uid)
-                await self._client.zrem(name, lease.id)
+            if self.pipeline:
+                queued = [self._queue("release", [redis_key(self.prefix, lease.key,
+                                                            lease.scope, lease.uid)], [lease.id])
+                          for lease in leases]
+                await asyncio.gather(*queued)
+            else:
+                for lease in leases:
+                    name = redis_key(self.prefix, lease.key, lease.scope, lease.uid)
+                    await self._client.zrem(name, lease.id)
         except _FAILURES as exc:
             msg = f"redis could not release {len(leases)} slot(s): {exc}"
             raise StorageError(msg) from exc
