@@ -59,6 +59,8 @@ class Limit:
     capacity: int = field(init=False, repr=False, compare=False)
     period_us: int = field(init=False, repr=False, compare=False)
     uid: str = field(init=False, repr=False, compare=False)
+    is_concurrency: bool = field(init=False, repr=False, compare=False)
+    """True for a limit on requests in flight rather than a rate."""
     step: Callable[[Any, int, int, int, int, int], tuple[bool, int, int, int, Any]] = field(
         init=False, repr=False, compare=False)
 
@@ -86,6 +88,7 @@ class Limit:
         # The storage identity of the counter: the shape, not the display name.
         uid = f"{self.algorithm}:{self.rate.amount}:{self.rate.period_us}:{capacity}"
         object.__setattr__(self, "uid", uid)
+        object.__setattr__(self, "is_concurrency", self.algorithm == "concurrency")
         from .algorithms import ALGORITHMS  # the algorithms know limits; a late import
 
         object.__setattr__(self, "step", ALGORITHMS[self.algorithm])
@@ -108,11 +111,6 @@ class Limit:
     def monthly(cls, amount: int, *, name: str = "") -> Limit:
         """``amount`` requests per UTC calendar month, reset on the 1st at 00:00."""
         return cls(Rate(amount, _MONTH), "calendar_month", None, name or "monthly")
-
-    @property
-    def is_concurrency(self) -> bool:
-        """True for a limit on requests in flight rather than a rate."""
-        return self.algorithm == "concurrency"
 
     @property
     def period(self) -> float:
