@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
-import uvicorn
 
 from ratelimit_mw import Limit
 from ratelimit_mw.tiers import Tier
-from tests.conftest import free_port
+from tests.servers import serve
 
 from .conftest import make_app
 
@@ -27,22 +25,8 @@ def server_url(redis_url: str, redis_prefix: str) -> Iterator[str]:
                       Limit.parse("100/hour", name="hour")])
     app = make_app(tiers=[tier], storage_url=redis_url, storage_prefix=redis_prefix,
                    header_style="legacy+draft-11", failure_mode="closed")
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                            ws="none", lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            pytest.fail("uvicorn did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with serve(app) as url:
+        yield url
 
 
 async def test_real_server_limits_and_waiting_retry_after_passes(server_url: str) -> None:
