@@ -17,9 +17,9 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import pytest
 import redis as sync_redis
@@ -353,22 +353,38 @@ def _unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
-def redis_cluster() -> Iterator[ClusterDeployment]:
-    """A three-primary Redis Cluster of throwaway servers, for the whole session."""
-    workdir = Path(tempfile.mkdtemp(prefix="ratelimit-cluster-"))
+class _Deployment(Protocol):
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+DeploymentT = TypeVar("DeploymentT", bound=_Deployment)
+
+
+@contextmanager
+def _deployed(make: Callable[[Path], DeploymentT], prefix: str, what: str,
+              ) -> Iterator[DeploymentT]:
+    """Start a deployment in a temporary folder; stop it and remove the folder after."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
     deployment = None
     try:
         try:
-            deployment = ClusterDeployment(workdir)
+            deployment = make(workdir)
             deployment.start()
         except (StartupError, sync_redis.RedisError, OSError) as exc:
-            _unavailable(f"couldn't start a Redis Cluster: {exc}")
+            _unavailable(f"couldn't start {what}: {exc}")
         yield deployment  # type: ignore[misc]
     finally:
         if deployment is not None:
             deployment.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[ClusterDeployment]:
+    """A three-primary Redis Cluster of throwaway servers, for the whole session."""
+    with _deployed(ClusterDeployment, "ratelimit-cluster-", "a Redis Cluster") as deployment:
+        yield deployment
 
 
 @pytest.fixture(scope="session")
@@ -380,19 +396,8 @@ def redis_cluster_url(redis_cluster: ClusterDeployment) -> str:
 @pytest.fixture(scope="session")
 def redis_sentinel() -> Iterator[SentinelDeployment]:
     """A primary, a replica and three sentinels of throwaway servers, for the whole session."""
-    workdir = Path(tempfile.mkdtemp(prefix="ratelimit-sentinel-"))
-    deployment = None
-    try:
-        try:
-            deployment = SentinelDeployment(workdir)
-            deployment.start()
-        except (StartupError, sync_redis.RedisError, OSError) as exc:
-            _unavailable(f"couldn't start Redis Sentinel: {exc}")
-        yield deployment  # type: ignore[misc]
-    finally:
-        if deployment is not None:
-            deployment.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+    with _deployed(SentinelDeployment, "ratelimit-sentinel-", "Redis Sentinel") as deployment:
+        yield deployment
 
 
 @pytest.fixture(scope="session")
