@@ -7,7 +7,7 @@ from urllib.parse import quote_from_bytes
 
 from ..errors import ConfigError
 
-__all__ = ["check_prefix", "encode_part", "redis_key"]
+__all__ = ["check_prefix", "encode_part", "identity_tag", "redis_key"]
 
 _MAX_PLAIN = 128
 
@@ -28,9 +28,15 @@ def encode_part(part: str) -> str:
     return quote_from_bytes(raw, safe="")
 
 
+def identity_tag(prefix: str, identity: str) -> str:
+    """``prefix{identity}:``, the start of every key of one identity; the hash tag keeps
+    them all in one Cluster slot."""
+    return f"{prefix}{{{encode_part(identity)}}}:"
+
+
 def redis_key(prefix: str, identity: str, scope: str, uid: str) -> str:
-    """``prefix{identity}:scope:uid``; the hash tag keeps one identity in one slot."""
-    return f"{prefix}{{{encode_part(identity)}}}:{encode_part(scope)}:{uid}"
+    """``prefix{identity}:scope:uid``, the counter of one limit in one scope."""
+    return f"{identity_tag(prefix, identity)}{encode_part(scope)}:{uid}"
 
 
 def check_prefix(prefix: str) -> str:

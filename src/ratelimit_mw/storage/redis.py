@@ -25,7 +25,7 @@ from .base import (
     decision_from,
     merge_hits,
 )
-from .keys import check_prefix, encode_part, redis_key
+from .keys import check_prefix, encode_part, identity_tag, redis_key
 
 __all__ = ["RedisStorage", "decide_script_source"]
 
@@ -120,7 +120,7 @@ class RedisStorage(Storage):
         hits = merge_hits(hits)
         if not hits and not usage:
             return Verdict(True, ())
-        tag = f"{self.prefix}{{{encode_part(key)}}}:"
+        tag = identity_tag(self.prefix, key)
         keys = []
         lease_id = ""
         args: list[str | int] = [
@@ -133,7 +133,7 @@ class RedisStorage(Storage):
             if limit.is_concurrency and hit.cost and not lease_id:
                 lease_id = args[1] = secrets.token_hex(8)
         if usage:
-            keys.append(f"{tag}u:")
+            keys.append(f"{tag}u:")  # the usage buckets' prefix (see decide.lua)
         try:
             if self.pipeline:
                 reply = await self._batched(keys, args)
@@ -247,7 +247,7 @@ class RedisStorage(Storage):
             buckets = bucket_range(granularity, start, end, now, self.retention)
             if not buckets:
                 return []
-            tag = f"{self.prefix}{{{encode_part(key)}}}:u:{granularity[0]}:"
+            tag = f"{identity_tag(self.prefix, key)}u:{granularity[0]}:"
             counts = await self._client.mget([f"{tag}{n}" for n in buckets])
         except _FAILURES as exc:
             msg = f"redis could not read the usage of {key!r}: {exc}"
@@ -256,7 +256,7 @@ class RedisStorage(Storage):
         return [(n * size, int(count or 0)) for n, count in zip(buckets, counts, strict=True)]
 
     async def reset(self, key: str) -> None:
-        pattern = _glob_escape(f"{self.prefix}{{{encode_part(key)}}}:") + "*"
+        pattern = _glob_escape(identity_tag(self.prefix, key)) + "*"
         try:
             batch: list[Any] = []
             async for name in self._client.scan_iter(match=pattern, count=500):
