@@ -122,45 +122,70 @@ class HeaderFormat:
     ) -> list[Header]:
         """The per-request headers for ``verdict`` (``now`` in epoch seconds)."""
         decisions = verdict.decisions
-        binding = decisions[0] if len(decisions) == 1 else verdict.binding
-        if binding is None:
+        if len(decisions) == 1:
+            binding = decisions[0]
+        elif decisions:
+            binding = _binding(decisions, verdict.allowed)
+        else:
             return []
         reset_after = binding.reset_after
-        if binding.policy.algorithm == "concurrency":
-            rates = [d for d in decisions if not d.policy.is_concurrency]
-            if verdict.allowed and rates:
-                # Free slots are not a quota to pace against: report the nearest rate.
-                binding = min(rates, key=lambda d: (d.remaining, d.reset_after))
-                reset_after = binding.reset_after
-            else:
-                # A slot frees when some request ends: the retry hint, not the lease.
-                reset_after = binding.retry_after
+        if binding.policy.is_concurrency:
+            # A slot frees when some request ends: the retry hint, not the lease.
+            reset_after = binding.retry_after
         out: list[Header] = []
         if self.legacy:
-            out += (
-                (b"x-ratelimit-limit", str(binding.limit).encode()),
-                (b"x-ratelimit-remaining", str(binding.remaining).encode()),
-                (b"x-ratelimit-reset", str(math.ceil(now + reset_after)).encode()),
+            out = [
+                (b"x-ratelimit-limit", b"%d" % binding.limit),
+                (b"x-ratelimit-remaining", b"%d" % binding.remaining),
+                (b"x-ratelimit-reset", b"%d" % _ceil(now + reset_after)),
                 (b"x-ratelimit-policy", _legacy_policy(binding.policy)),
-            )
+            ]
         ietf = self.ietf
         if ietf == "draft-11":
-            out.append((b"ratelimit", _draft11(verdict.decisions, names)))
+            out.append((b"ratelimit", _draft11(decisions, names)))
         elif ietf == "draft-7":
-            reset = math.ceil(reset_after)
             out += (
-                (b"ratelimit",
-                 f"limit={binding.limit}, remaining={binding.remaining}, reset={reset}".encode()),
+                (b"ratelimit", b"limit=%d, remaining=%d, reset=%d" % (
+                    binding.limit, binding.remaining, _ceil(reset_after))),
                 (b"ratelimit-policy", _short_policy(binding.policy)),
             )
         elif ietf == "draft-6":
             out += (
-                (b"ratelimit-limit", str(binding.limit).encode()),
-                (b"ratelimit-remaining", str(binding.remaining).encode()),
-                (b"ratelimit-reset", str(math.ceil(reset_after)).encode()),
+                (b"ratelimit-limit", b"%d" % binding.limit),
+                (b"ratelimit-remaining", b"%d" % binding.remaining),
+                (b"ratelimit-reset", b"%d" % _ceil(reset_after)),
                 (b"ratelimit-policy", _short_policy(binding.policy)),
             )
         return out
+
+
+_ceil = math.ceil
+
+
+def _binding(decisions: Sequence[Decision], allowed: bool) -> Decision:
+    """The decision the single-policy headers report, among several.
+
+    Denied: the longest wait. Admitted: the rate limit nearest exhaustion (free
+    concurrency slots are not a quota to pace against, so a slot is reported only
+    when the request has no rate limit).
+    """
+    best: Decision | None = None
+    if not allowed:
+        for d in decisions:
+            if not d.allowed and (best is None or d.retry_after > best.retry_after or (
+                    d.retry_after == best.retry_after and d.remaining < best.remaining)):
+                best = d
+        return best if best is not None else decisions[0]
+    for d in decisions:
+        if not d.policy.is_concurrency and (best is None or d.remaining < best.remaining or (
+                d.remaining == best.remaining and d.reset_after < best.reset_after)):
+            best = d
+    if best is None:  # slots only
+        for d in decisions:
+            if best is None or d.remaining < best.remaining or (
+                    d.remaining == best.remaining and d.reset_after < best.reset_after):
+                best = d
+    return best if best is not None else decisions[0]
 
 
 def _draft11(decisions: Sequence[Decision], names: Mapping[PolicyKey, str]) -> bytes:

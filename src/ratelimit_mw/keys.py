@@ -128,6 +128,13 @@ def _group(host: str, ipv6_prefix: int) -> str | None:
     return str(address)
 
 
+@functools.lru_cache(maxsize=8192)
+def _ip_key(peer: str, ipv6_prefix: int) -> str:
+    """The key of a client address: ``ip:`` and the address, grouped (``ip:-``: none)."""
+    grouped = _group(peer, ipv6_prefix) if peer else None
+    return f"ip:{grouped or peer[:_MAX_TOKEN] or '-'}"
+
+
 def _forwarded_for(value: str) -> list[str]:
     """The ``for=`` node of each element of an RFC 7239 ``Forwarded`` header, in order."""
     nodes = []
@@ -186,8 +193,7 @@ class ClientIP:
                 peer = self._forwarded_client(scope, peer)
             elif not self._warned:
                 self._warn_untrusted(scope, peer)
-        grouped = _group(peer, self.ipv6_prefix) if peer else None
-        return f"ip:{grouped or peer[:_MAX_TOKEN] or '-'}"
+        return _ip_key(peer, self.ipv6_prefix)
 
     def _forwarded_client(self, scope: Scope, peer: str) -> str:
         """Walk the forwarding chain from the right; the first untrusted hop is the client."""

@@ -61,7 +61,7 @@ STATE_MIDDLEWARE = "ratelimit"
 class _Blocked:
     """A key known to be over its limit until ``until``: answered without the storage."""
 
-    __slots__ = ("at", "outcome", "until", "verdict", "wait")
+    __slots__ = ("at", "outcome", "response", "until", "verdict", "wait")
 
     def __init__(self, verdict: Verdict, at: float) -> None:
         self.verdict = verdict
@@ -69,6 +69,8 @@ class _Blocked:
         self.until = at + verdict.retry_after
         self.wait = -1  # the Retry-After that ``outcome`` was rendered for
         self.outcome: _Outcome | None = None
+        # The rendered 429 of ``outcome`` (content type, body, headers).
+        self.response: tuple[bytes, bytes, list[Header]] | None = None
 
     def now(self, now: float) -> Verdict:
         """The cached verdict with its times moved on to ``now``."""
@@ -80,22 +82,21 @@ class _Blocked:
             for d in self.verdict.decisions), (), None if at is None else at + gone)
 
 
-class _Outcome:
+class _Outcome(NamedTuple):
     """What the decision step hands back to ``__call__``."""
 
-    __slots__ = ("headers", "key", "now", "plan", "refused", "response", "source", "verdict")
+    key: str
+    plan: Plan
+    verdict: Verdict | None
+    source: Source
+    refused: bool
+    headers: list[Header]
+    now: float
+    blocked: _Blocked | None = None
+    """The cache entry a blocked key's answer came from (it keeps the rendered 429)."""
 
-    def __init__(self, key: str, plan: Plan, verdict: Verdict | None, source: Source,
-                 refused: bool, headers: list[Header], now: float) -> None:
-        self.key = key
-        self.plan = plan
-        self.verdict = verdict
-        self.source = source
-        self.refused = refused
-        self.headers = headers
-        self.now = now
-        # The rendered 429 (content type, body, headers), reused for a blocked key.
-        self.response: tuple[bytes, bytes, list[Header]] | None = None
+
+_new = tuple.__new__
 
 
 class RateLimitMiddleware:
@@ -170,13 +171,18 @@ class RateLimitMiddleware:
             storage, mode=settings.failure_mode, timeout=settings.storage_timeout,
             recovery_interval=settings.recovery_interval, breaker=breaker, clock=clock)
 
+        # Memory storage with synchronous key and tier functions: decided without awaiting.
+        self._sync = self._local is not None and not self._key_async and not self._resolver_async
         self._returns = _Returns(storage, max(1.0, settings.storage_timeout))
         self._routes = RouteTable(app, [*settings.build_routes(), *rules], settings.exempt_paths)
         self._lease = settings.concurrency_lease
         self._usage = settings.quota_history
         self._plans: dict[tuple[str, RouteSpec], Plan] = {}
         self._blocked: dict[tuple[str, Plan], _Blocked] = {}
-        self._blocked_size = 0 if self._shadow else max(0, settings.blocked_cache_size)
+        # The cache of blocked keys spares the shared storage a round trip; memory
+        # storage answers just as fast, so it is not used there.
+        self._blocked_size = 0 if self._shadow or self._local is not None else max(
+            0, settings.blocked_cache_size)
         self._check_plans()
 
     def _check_plans(self) -> None:
@@ -197,21 +203,14 @@ class RateLimitMiddleware:
         return plan
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind = scope["type"]
-        if kind != "http":
-            if kind == "websocket" and self._websockets:
-                await self._websocket(scope, receive, send)
-            elif kind == "lifespan" and self._owns_storage:
-                await self.app(scope, self._closing(receive), send)
-            else:
-                await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self._not_http(scope, receive, send)
             return
-
         state = scope.get("state")
         if state is None:
             state = scope["state"] = {}
         state[STATE_MIDDLEWARE] = self
-        outcome = await self._decide(scope)
+        outcome = self._decide_now(scope) if self._sync else await self._decide(scope)
         if outcome is None:
             await self.app(scope, receive, send)
             return
@@ -219,13 +218,14 @@ class RateLimitMiddleware:
             await self._refuse(scope, receive, send, outcome)
             return
         verdict = outcome.verdict
-        if verdict is not None and verdict.leases and self._local is None:
-            await self._holding_slots(scope, receive, send, outcome.headers, verdict.leases,
+        leases = verdict.leases if verdict is not None else ()
+        if leases and self._local is None:
+            await self._holding_slots(scope, receive, send, outcome.headers, leases,
                                       outcome.source)
             return
         if outcome.headers:
             send = _adding(send, outcome.headers)
-        if verdict is None or not verdict.leases:
+        if not leases:
             await self.app(scope, receive, send)
             return
         # Memory storage gives slots back without awaiting, as soon as the app returns
@@ -233,7 +233,17 @@ class RateLimitMiddleware:
         try:
             await self.app(scope, receive, send)
         finally:
-            await self._local.release(verdict.leases)  # type: ignore[union-attr]
+            self._local.release_now(leases)  # type: ignore[union-attr]
+
+    async def _not_http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Websockets (limited only when asked to), lifespan, anything else: passed on."""
+        kind = scope["type"]
+        if kind == "websocket" and self._websockets:
+            await self._websocket(scope, receive, send)
+        elif kind == "lifespan" and self._owns_storage:
+            await self.app(scope, self._closing(receive), send)
+        else:
+            await self.app(scope, receive, send)
 
     async def _holding_slots(self, scope: Scope, receive: Receive, send: Send,
                              headers: list[Header], leases: tuple[Lease, ...],
@@ -321,6 +331,18 @@ class RateLimitMiddleware:
                          "they free themselves when their lease ends", len(leases),
                          type(exc).__name__, str(exc)[:200])
 
+    def _decide_now(self, scope: Scope) -> _Outcome | None:
+        """``_decide`` on memory storage with synchronous key and tier functions."""
+        route = self._routes.resolve(scope)
+        if route.exempt:
+            return None
+        key = self._key(scope)
+        if key is None:
+            return None
+        tier = self._tiers.default if self._resolver is None else self._tiers.pick(
+            self._resolver(scope))  # type: ignore[arg-type]  # sync: see self._sync
+        return self._decide_local(str(key), self._plan(tier, route))
+
     async def _decide(self, scope: Scope) -> _Outcome | None:
         """Key, tier, route, one storage call; None when the request is not limited."""
         route = self._routes.resolve(scope)
@@ -334,58 +356,44 @@ class RateLimitMiddleware:
         key = str(key)
         tier = await self._tier_of(scope) if self._resolver is not None else self._tiers.default
         plan = self._plan(tier, route)
-        now = self._clock()
+        if self._local is not None:
+            return self._decide_local(key, plan)
 
-        source: Source = "storage"
-        verdict: Verdict | None
+        now = self._clock()
         if self._blocked_size:
             blocked = self._blocked.get((key, plan))
             if blocked is not None:
                 if now < blocked.until:
                     return self._from_blocked(key, plan, blocked, now)
                 del self._blocked[(key, plan)]
-        if self._local is not None:
-            verdict = self._local.decide_now(key, plan.hits, usage=self._usage)
-        else:
-            verdict, source = await self.guard.decide(  # type: ignore[union-attr]
-                key, plan.hits, usage=self._usage)
-            if verdict is None:
-                return self._finish(key, plan, None, source,
-                                    self.guard.mode == "closed", now)  # type: ignore[union-attr]
-        refused = not verdict.allowed
-        if refused:
-            if self._shadow:
-                refused = False
-            elif plan.shadow_only(verdict):
-                verdict, source = await self._enforced_only(key, plan, verdict, source)
-                refused = not verdict.allowed
-            # Only the shared storage's denials are cached: a fallback's are local guesses.
-            # A full concurrency slot may free any moment: never cached.
-            if (refused and self._blocked_size and source == "storage"
-                    and math.isfinite(verdict.retry_after)
-                    and not (plan.concurrent and _slot_denied(verdict))):
-                self._remember_blocked(key, plan, verdict, now)
+        guard: StorageGuard = self.guard  # type: ignore[assignment]
+        verdict, source = await guard.decide(key, plan.hits, usage=self._usage)
+        if verdict is None:
+            return self._finish(key, plan, None, source, guard.mode == "closed", now)
+        if not verdict.allowed and not self._shadow and plan.shadow_only(verdict):
+            # A denial consumes nothing: without a second call, a request let through by
+            # a shadow limit would not count against the limits that do block.
+            enforced, source = await guard.decide(key, plan.enforced, usage=self._usage)
+            verdict = _with_shadowed(plan, verdict, enforced)
+        refused = not verdict.allowed and not self._shadow
+        # Only the shared storage's denials are cached: a fallback's are local guesses.
+        # A full concurrency slot may free any moment: never cached.
+        if (refused and self._blocked_size and source == "storage"
+                and math.isfinite(verdict.retry_after)
+                and not (plan.concurrent and _slot_denied(verdict))):
+            self._remember_blocked(key, plan, verdict, now)
         return self._finish(key, plan, verdict, source, refused, now)
 
-    async def _enforced_only(
-        self, key: str, plan: Plan, verdict: Verdict, source: Source,
-    ) -> tuple[Verdict, Source]:
-        """Only shadow limits denied: count the request on the enforced ones alone.
-
-        A denial consumes nothing, so without this second call a request let through
-        by a shadow limit would not count against the limits that do block.
-        """
-        if self._local is not None:
-            enforced: Verdict | None = self._local.decide_now(key, plan.enforced,
-                                                               usage=self._usage)
-        else:
-            enforced, source = await self.guard.decide(  # type: ignore[union-attr]
-                key, plan.enforced, usage=self._usage)
-        shadow = plan.shadow
-        shadowed = tuple(d for d in verdict.decisions if (d.scope, d.policy) in shadow)
-        if enforced is None:
-            return Verdict(True, verdict.decisions), source
-        return Verdict(enforced.allowed, enforced.decisions + shadowed, enforced.leases), source
+    def _decide_local(self, key: str, plan: Plan) -> _Outcome:
+        """The decision on memory storage, which never awaits."""
+        local: MemoryStorage = self._local  # type: ignore[assignment]
+        verdict = local.decide_now(key, plan.hits, usage=self._usage)
+        if not verdict.allowed and not self._shadow and plan.shadow_only(verdict):
+            verdict = _with_shadowed(
+                plan, verdict, local.decide_now(key, plan.enforced, usage=self._usage))
+        return self._finish(key, plan, verdict, "storage",
+                            not verdict.allowed and not self._shadow,
+                            verdict.at)  # type: ignore[arg-type]
 
     def _from_blocked(self, key: str, plan: Plan, blocked: _Blocked, now: float) -> _Outcome:
         """The answer for a key known to be over its limit, without the storage.
@@ -396,8 +404,8 @@ class RateLimitMiddleware:
         wait = math.ceil(blocked.until - now)
         outcome = blocked.outcome
         if outcome is None or blocked.wait != wait or self._on_denied is not None:
-            outcome = self._finish(key, plan, blocked.now(now), "blocked", True, now)
-            blocked.outcome, blocked.wait = outcome, wait
+            outcome = self._finish(key, plan, blocked.now(now), "blocked", True, now, blocked)
+            blocked.outcome, blocked.wait, blocked.response = outcome, wait, None
             return outcome
         verdict = outcome.verdict
         assert verdict is not None  # a blocked outcome always holds its verdict
@@ -415,16 +423,18 @@ class RateLimitMiddleware:
         blocked[(key, plan)] = _Blocked(verdict, now)
 
     def _finish(self, key: str, plan: Plan, verdict: Verdict | None, source: Source,
-                refused: bool, now: float) -> _Outcome:
+                refused: bool, now: float, blocked: _Blocked | None = None) -> _Outcome:
         """Headers, the denial log line and the metrics hook, for one decision."""
         headers: list[Header] = []
-        if verdict is not None and verdict.at is not None:
-            # Epoch times (X-RateLimit-Reset, reset_at) on the storage's clock: with
-            # Redis, the server's, so app servers with skewed clocks report the same.
-            now = verdict.at
         if verdict is not None:
+            if verdict.at is not None:
+                # Epoch times (X-RateLimit-Reset, reset_at) on the storage's clock: with
+                # Redis, the server's, so app servers with skewed clocks report the same.
+                now = verdict.at
             if self._format:
-                headers = [*plan.static_headers, *self._format.dynamic(verdict, plan.names, now)]
+                headers = self._format.dynamic(verdict, plan.names, now)
+                if plan.static_headers:
+                    headers = [*plan.static_headers, *headers]
             if not verdict.allowed:
                 log_denial(key, plan.tier.name, plan.route.label, verdict,
                            shadow=not refused, source=source)
@@ -432,7 +442,7 @@ class RateLimitMiddleware:
             shadow = verdict is not None and not verdict.allowed and not refused
             call_hook(self._on_decision, DecisionEvent(
                 key, plan.tier.name, plan.route.label, source, verdict, refused, shadow))
-        return _Outcome(key, plan, verdict, source, refused, headers, now)
+        return _new(_Outcome, (key, plan, verdict, source, refused, headers, now, blocked))
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, outcome: _Outcome) -> None:
         """A 429 for a denial, a 503 when the storage is down and the policy is closed."""
@@ -442,8 +452,9 @@ class RateLimitMiddleware:
             await send_response(send, 503, b"application/json", unavailable_body(retry),
                                 [(b"retry-after", str(retry).encode())])
             return
-        if outcome.response is not None:
-            await send_response(send, 429, *outcome.response)
+        blocked = outcome.blocked
+        if blocked is not None and blocked.response is not None:
+            await send_response(send, 429, *blocked.response)
             return
         headers = list(outcome.headers)
         retry_after = retry_after_value(verdict.retry_after)
@@ -457,7 +468,8 @@ class RateLimitMiddleware:
                                            for d in verdict.decisions if not d.allowed))
         if self._on_denied is None:
             content_type, body = denial_body(denial, self._response_format)
-            outcome.response = (content_type, body, headers)
+            if blocked is not None:
+                blocked.response = (content_type, body, headers)
             await send_response(send, 429, content_type, body, headers)
             return
         response: Any = self._on_denied(scope, denial)
@@ -542,6 +554,18 @@ def _retrieve(future: asyncio.Future[None]) -> None:
     """Mark a batch's error as seen (its waiters may all have been cancelled)."""
     if not future.cancelled():
         future.exception()
+
+
+def _with_shadowed(plan: Plan, verdict: Verdict, enforced: Verdict | None) -> Verdict:
+    """The verdict of the enforced limits alone, with the shadow limits' decisions from
+    ``verdict`` (which only they denied) put back in the plan's order."""
+    if enforced is None:  # the storage failed on the second call: let it through
+        return Verdict(True, verdict.decisions)
+    shadow = plan.shadow
+    counted = iter(enforced.decisions)
+    return Verdict(enforced.allowed, tuple(
+        d if (d.scope, d.policy) in shadow else next(counted) for d in verdict.decisions),
+        enforced.leases, enforced.at)
 
 
 def _slot_denied(verdict: Verdict) -> bool:

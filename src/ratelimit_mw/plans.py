@@ -5,7 +5,7 @@ Plans are built once per pair and reused, so a request only looks one up.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .decision import Verdict
@@ -13,6 +13,7 @@ from .errors import ConfigError
 from .headers import HeaderFormat, policy_name
 from .policy import Hit, Limit
 from .routes import RouteSpec
+from .storage.base import merge_hits
 from .tiers import Tier
 
 __all__ = ["Plan", "make_plan"]
@@ -26,8 +27,8 @@ class Plan:
 
     tier: Tier
     route: RouteSpec
-    hits: tuple[Hit, ...]
-    enforced: tuple[Hit, ...]
+    hits: Sequence[Hit]
+    enforced: Sequence[Hit]
     shadow: frozenset[PolicyKey]
     names: Mapping[PolicyKey, str]
     static_headers: tuple[tuple[bytes, bytes], ...]
@@ -50,12 +51,13 @@ def make_plan(tier: Tier, route: RouteSpec, fmt: HeaderFormat, lease: float = 30
     tier's concurrency slot (always one slot, whatever the route's cost)."""
     tier_hits = tier.hits if route.cost == 1 else tuple(
         Hit(hit.limit, route.cost, hit.scope) for hit in tier.hits)
-    hits = tier_hits + route.hits
+    joined = tier_hits + route.hits
     if tier.concurrency is not None:
-        hits += (Hit(Limit.concurrency(tier.concurrency, lease=lease)),)
+        joined += (Hit(Limit.concurrency(tier.concurrency, lease=lease)),)
     shadow = {(hit.scope, hit.limit) for hit in tier_hits if hit.limit.name in tier.shadow}
     shadow.update((hit.scope, hit.limit) for hit in route.shadow)
-    enforced = tuple(hit for hit in hits if (hit.scope, hit.limit) not in shadow)
+    enforced = merge_hits(tuple(hit for hit in joined if (hit.scope, hit.limit) not in shadow))
+    hits = merge_hits(joined)  # once here, so the storages need not check per request
     names: dict[PolicyKey, str] = {}
     taken: set[str] = set()
     for hit in hits:

@@ -63,6 +63,7 @@ class Limit:
     """True for a limit on requests in flight rather than a rate."""
     step: Callable[[Any, int, int, int, int, int], tuple[bool, int, int, int, Any]] = field(
         init=False, repr=False, compare=False)
+    _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.rate, Rate):
@@ -92,6 +93,11 @@ class Limit:
         from .algorithms import ALGORITHMS  # the algorithms know limits; a late import
 
         object.__setattr__(self, "step", ALGORITHMS[self.algorithm])
+        # Limits key the per-request lookups (policy names, header texts): hash once.
+        object.__setattr__(self, "_hash", hash((self.rate, self.algorithm, self.burst, self.name)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @classmethod
     def parse(

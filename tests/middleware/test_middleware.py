@@ -300,15 +300,17 @@ async def test_shadow_limit_reports_but_enforced_limit_counts(
 
 
 async def test_decision_hook_sees_every_decision(clock: FakeClock, memory: MemoryStorage) -> None:
-    """on_decision receives one event per limited request, refused or not."""
-    events: list[DecisionEvent] = []
-    app = make_app(tiers=[Tier("t", "1/minute")], storage=memory, clock=clock,
-                   on_decision=events.append)
-    async with client_for(app) as client:
-        for _ in range(3):
-            await client.get("/")
-    assert [(e.refused, e.source) for e in events] == [
-        (False, "storage"), (True, "storage"), (True, "blocked")]
+    """on_decision receives one event per limited request, refused or not (memory
+    storage decides every one; a shared storage's blocked keys are answered locally)."""
+    for storage, third in ((memory, "storage"), (Counting(MemoryStorage()), "blocked")):
+        events: list[DecisionEvent] = []
+        app = make_app(tiers=[Tier("t", "1/minute")], storage=storage, clock=clock,
+                       on_decision=events.append)
+        async with client_for(app) as client:
+            for _ in range(3):
+                await client.get("/")
+        assert [(e.refused, e.source) for e in events] == [
+            (False, "storage"), (True, "storage"), (True, third)]
     assert events[0].key == "ip:203.0.113.7"
 
 

@@ -20,7 +20,12 @@ def decide(
     state: State | None, now: int, amount: int, period: int, capacity: int, cost: int,
 ) -> Outcome:
     """Admit ``cost`` (1, or 0 to look) requests if that many slots are free."""
-    live = tuple(lease for lease in state if lease[0] > now) if state else ()
+    if not state:
+        live: State = ()
+    elif state[0][0] > now:  # sorted by expiry: the oldest alive, all alive
+        live = state
+    else:
+        live = tuple(lease for lease in state if lease[0] > now)
     in_flight = len(live)
     reset = live[-1][0] - now if live else 0
     if cost > capacity:
@@ -34,9 +39,15 @@ def decide(
 
 def with_lease(live: State, now: int, period: int, lease_id: str) -> State:
     """The state after an admitted request took the slot named ``lease_id``."""
-    return (*live, (now + period, lease_id))
+    lease = (now + period, lease_id)
+    if not live or live[-1][0] <= lease[0]:
+        return (*live, lease)
+    return tuple(sorted((*live, lease)))  # the clock went back: keep the order
 
 
 def without_lease(state: State, lease_id: str) -> State:
     """The state after the request holding ``lease_id`` gave its slot back."""
-    return tuple(lease for lease in state if lease[1] != lease_id)
+    for i, lease in enumerate(state):
+        if lease[1] == lease_id:
+            return state[:i] + state[i + 1:]
+    return state

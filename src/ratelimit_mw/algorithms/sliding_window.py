@@ -15,6 +15,7 @@ import math
 from .base import NEVER_US, Outcome
 
 State = tuple[int, int, int]
+_floor = math.floor
 
 
 def _counts(state: State | None, start: int, period: int) -> tuple[int, int]:
@@ -63,8 +64,16 @@ def decide(
 ) -> Outcome:
     """Admit ``cost`` units if the weighted count of the sliding period has room."""
     start = now - now % period
-    current, previous = _counts(state, start, period)
-    used = _used(current, previous, now - start, period)
+    # _counts and _used, written out: this runs per request.
+    if state is None:
+        current = previous = 0
+    elif state[0] == start:
+        current, previous = state[1], state[2]
+    elif state[0] == start - period:
+        current, previous = 0, state[1]
+    else:
+        current = previous = 0
+    used = previous * ((period - (now - start)) / period) + current
     if current:
         reset = start + 2 * period - now
     elif previous:
@@ -79,5 +88,5 @@ def decide(
         return (False, math.floor(limit - used), reset, retry, seen)
     if not cost:
         return (True, math.floor(limit - used), reset, 0, seen)
-    return (True, math.floor(limit - used - cost), start + 2 * period - now, 0,
+    return (True, _floor(limit - used - cost), start + 2 * period - now, 0,
                 (start, current + cost, previous))

@@ -10,8 +10,8 @@ from ..decision import NEVER, Decision, Lease, Verdict
 from ..errors import ConfigError
 from ..policy import Hit
 
-__all__ = ["BUCKET_SECONDS", "Granularity", "Storage", "UsageRetention", "decision_from",
-           "merge_hits"]
+__all__ = ["BUCKET_SECONDS", "Granularity", "MergedHits", "Storage", "UsageRetention",
+           "decision_from", "merge_hits"]
 
 Granularity = Literal["hour", "day"]
 BUCKET_SECONDS: dict[Granularity, int] = {"hour": 3600, "day": 86400}
@@ -118,22 +118,34 @@ def decision_from(
     ))
 
 
+class MergedHits(tuple[Hit, ...]):
+    """Hits already folded by ``merge_hits``: folding them again is free.
+
+    A middleware plan folds its hits once, so the storages skip the check per request.
+    Decisions come back in the order of the merged hits.
+    """
+
+    __slots__ = ()
+
+
 def merge_hits(hits: Sequence[Hit]) -> Sequence[Hit]:
     """Fold hits on the same counter (same limit and scope) into one, costs added.
 
     Two hits on one counter must consume from one state, not overwrite each other.
     """
+    if type(hits) is MergedHits:
+        return hits
     count = len(hits)
     if count < 2:
         return hits
     slots = [hit.slot for hit in hits]
     if count <= 8:  # the usual few limits: pairwise checks beat building a dict
         if not any(slots[i] in slots[i + 1:] for i in range(count - 1)):
-            return hits
+            return MergedHits(hits)
     elif len(set(slots)) == count:
-        return hits
+        return MergedHits(hits)
     merged: dict[tuple[str, str], Hit] = {}
     for hit in hits:
         seen = merged.get(hit.slot)
         merged[hit.slot] = hit if seen is None else Hit(seen.limit, seen.cost + hit.cost, hit.scope)
-    return list(merged.values())
+    return MergedHits(merged.values())

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..algorithms.concurrency import with_lease, without_lease
-from ..decision import Lease, Verdict
+from ..decision import NEVER, Decision, Lease, Verdict
 from ..errors import ConfigError
 from ..policy import Hit
 from .base import (
@@ -18,7 +18,6 @@ from .base import (
     Storage,
     UsageRetention,
     bucket_range,
-    decision_from,
     merge_hits,
 )
 
@@ -60,7 +59,7 @@ class MemoryStorage(Storage):
     True
     """
 
-    __slots__ = ("_clock", "_keys", "_leases", "_now", "max_keys", "retention")
+    __slots__ = ("_clock", "_keys", "_leases", "_max_buckets", "_now", "max_keys", "retention")
 
     def __init__(
         self, *, max_keys: int = 100_000, clock: Callable[[], float] | None = None,
@@ -71,6 +70,7 @@ class MemoryStorage(Storage):
             raise ConfigError(msg)
         self.max_keys = max_keys
         self.retention = UsageRetention(*usage_retention).check()
+        self._max_buckets = self.retention.hours + self.retention.days + 2
         self._clock = clock
         self._now: Callable[[], int] = (
             _wall_us if clock is None else lambda: round(clock() * 1_000_000))
@@ -96,8 +96,9 @@ class MemoryStorage(Storage):
             cells = entry.cells
         else:
             cells = _NO_CELLS
-        if len(hits) > 1:
-            hits = merge_hits(hits)
+        if len(hits) == 1:
+            return self._decide_one(key, entry, cells, hits[0], now, usage)
+        hits = merge_hits(hits)
         steps = []
         allowed = True
         for hit in hits:
@@ -110,25 +111,25 @@ class MemoryStorage(Storage):
                 allowed = False
         leases: tuple[Lease, ...] = ()
         if allowed:
-            for i, hit in enumerate(hits):
-                if hit.cost:
-                    if entry is None:
-                        entry = self._insert(key, now)
-                    step = steps[i]
-                    state = step[4]
-                    if hit.limit.is_concurrency:
-                        lease = Lease(key, hit.scope, hit.limit.uid, str(next(self._leases)))
-                        leases = (*leases, lease)
-                        state = with_lease(state, now, hit.limit.period_us, lease.id)
-                    expires = now + step[2]
-                    entry.cells[hit.slot] = (state, expires)
-                    if expires > entry.expires:
-                        entry.expires = expires
+            for hit, step in zip(hits, steps):  # noqa: B905 - one step per hit
+                if not hit.cost:
+                    continue
+                if entry is None:
+                    entry = self._insert(key, now)
+                state = step[4]
+                if hit.limit.is_concurrency:
+                    lease = Lease(key, hit.scope, hit.limit.uid, str(next(self._leases)))
+                    leases = (*leases, lease)
+                    state = with_lease(state, now, hit.limit.period_us, lease.id)
+                expires = now + step[2]
+                entry.cells[hit.slot] = (state, expires)
+                if expires > entry.expires:
+                    entry.expires = expires
             if usage:
                 if entry is None:
                     entry = self._insert(key, now)
                 self._count(entry, now)
-        else:
+        elif len(hits) > 1:
             # Report what the admitted limits look like without this request's cost.
             for i, hit in enumerate(hits):
                 if steps[i][0] and hit.cost:
@@ -137,15 +138,41 @@ class MemoryStorage(Storage):
                     steps[i] = limit.step(
                         cell[0] if cell is not None and cell[1] > now else None, now,
                         limit.amount, limit.period_us, limit.capacity, 0)
-        if len(hits) == 1:
-            step = steps[0]
-            return _new(Verdict, (allowed, (
-                decision_from(hits[0], step[0], step[1], step[2], step[3]),), leases,
-                now / 1_000_000))
-        return _new(Verdict, (allowed, tuple([
-            decision_from(hit, step[0], step[1], step[2], step[3])
-            for hit, step in zip(hits, steps, strict=True)
-        ]), leases, now / 1_000_000))
+        # tuple.__new__ skips the named tuples' Python-level __new__: this runs per request.
+        return _new(Verdict, (allowed, tuple([_new(Decision, (
+            step[0], hit.limit.capacity, step[1] if step[1] > 0 else 0, step[2] / 1_000_000,
+            step[3] / 1_000_000 if step[3] >= 0 else NEVER, hit.limit, hit.scope,
+        )) for hit, step in zip(hits, steps)]), leases, now / 1_000_000))  # noqa: B905
+
+    def _decide_one(self, key: str, entry: _Entry | None, cells: dict[tuple[str, str], Any],
+                    hit: Hit, now: int, usage: bool) -> Verdict:
+        """``decide_now`` for a single hit: the same steps, without the loops."""
+        limit = hit.limit
+        cell = cells.get(hit.slot)
+        allowed, remaining, reset, retry, state = limit.step(
+            cell[0] if cell is not None and cell[1] > now else None, now,
+            limit.amount, limit.period_us, limit.capacity, hit.cost)
+        leases: tuple[Lease, ...] = ()
+        if allowed:
+            if hit.cost:
+                if entry is None:
+                    entry = self._insert(key, now)
+                if limit.is_concurrency:
+                    lease = Lease(key, hit.scope, limit.uid, str(next(self._leases)))
+                    leases = (lease,)
+                    state = with_lease(state, now, limit.period_us, lease.id)
+                expires = now + reset
+                entry.cells[hit.slot] = (state, expires)
+                if expires > entry.expires:
+                    entry.expires = expires
+            if usage:
+                if entry is None:
+                    entry = self._insert(key, now)
+                self._count(entry, now)
+        return _new(Verdict, (allowed, (_new(Decision, (
+            allowed, limit.capacity, remaining if remaining > 0 else 0, reset / 1_000_000,
+            retry / 1_000_000 if retry >= 0 else NEVER, limit, hit.scope)),), leases,
+            now / 1_000_000))
 
     def _count(self, entry: _Entry, now: int) -> None:
         """Add one admitted request to the hour and day buckets of ``now``."""
@@ -155,14 +182,16 @@ class MemoryStorage(Storage):
         hour, day = ("hour", now // _HOUR_US), ("day", now // _DAY_US)
         counts[hour] = counts.get(hour, 0) + 1
         counts[day] = counts.get(day, 0) + 1
-        if len(counts) > self.retention.hours + self.retention.days + 2:
+        if len(counts) > self._max_buckets:
             oldest_hour = hour[1] - self.retention.hours
             oldest_day = day[1] - self.retention.days
             for bucket in [b for b in counts
                            if b[1] <= (oldest_hour if b[0] == "hour" else oldest_day)]:
                 del counts[bucket]
         # Usage outlives the counters: keep the identity as long as its history.
-        entry.expires = max(entry.expires, (day[1] + self.retention.days) * _DAY_US)
+        kept = (day[1] + self.retention.days) * _DAY_US
+        if kept > entry.expires:
+            entry.expires = kept
 
     def _insert(self, key: str, now: int) -> _Entry:
         self._reclaim(now)
@@ -183,6 +212,10 @@ class MemoryStorage(Storage):
             del keys[oldest]
 
     async def release(self, leases: Sequence[Lease]) -> None:
+        self.release_now(leases)
+
+    def release_now(self, leases: Sequence[Lease]) -> None:
+        """The synchronous core of ``release``."""
         for lease in leases:
             entry = self._keys.get(lease.key)
             cell = entry.cells.get((lease.scope, lease.uid)) if entry is not None else None
