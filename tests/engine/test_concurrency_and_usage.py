@@ -137,3 +137,19 @@ async def test_slots_agree_on_memory_and_redis(
                 held.append((a.leases, b.leases))
     finally:
         await redis_storage.close()
+
+
+async def test_leases_expire_in_order_when_the_clock_went_back(clock: FakeClock) -> None:
+    """A wall clock stepped back gives a new lease an earlier expiry than older ones; each
+    still expires on its own time, and giving one back frees exactly that one."""
+    storage = MemoryStorage(clock=clock)
+    slots = Hit(Limit.concurrency(3, lease=10))
+    first = await storage.decide("k", [slots])
+    clock.advance(-5)
+    second = await storage.decide("k", [slots])  # expires 5 s before the first
+    assert first.allowed and second.allowed
+    clock.advance(10.5)  # past the second's lease, not the first's
+    view = await storage.peek("k", [slots])
+    assert view.decisions[0].remaining == 2
+    await storage.release(first.leases)
+    assert (await storage.peek("k", [slots])).decisions[0].remaining == 3
