@@ -6,7 +6,9 @@ limits; per request only the numbers are written.
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from typing import Literal, get_args
@@ -20,6 +22,7 @@ __all__ = [
     "HeaderFormat",
     "HeaderStyle",
     "parse_header_style",
+    "partition_key",
     "policy_name",
     "retry_after_value",
 ]
@@ -94,12 +97,16 @@ def _legacy_policy(limit: Limit) -> bytes:
 class HeaderFormat:
     """Writes the headers of one header style (or a legacy + IETF combination)."""
 
-    __slots__ = ("ietf", "legacy", "styles")
+    __slots__ = ("ietf", "legacy", "partition_key", "styles")
 
-    def __init__(self, style: str | Sequence[HeaderStyle] = "legacy") -> None:
+    def __init__(
+        self, style: str | Sequence[HeaderStyle] = "legacy", *, partition_key: bool = False,
+    ) -> None:
         self.styles = parse_header_style(style) if isinstance(style, str) else tuple(style)
         self.legacy = "legacy" in self.styles
         self.ietf = next((s for s in self.styles if s in _IETF), None)
+        self.partition_key = partition_key
+        """draft-11: add each caller's ``pk`` to the ``RateLimit`` items."""
 
     def __bool__(self) -> bool:
         return bool(self.styles)
@@ -118,9 +125,10 @@ class HeaderFormat:
         return [(b"ratelimit-policy", items.encode())]
 
     def dynamic(
-        self, verdict: Verdict, names: Mapping[PolicyKey, str], now: float,
+        self, verdict: Verdict, names: Mapping[PolicyKey, str], now: float, key: str = "",
     ) -> list[Header]:
-        """The per-request headers for ``verdict`` (``now`` in epoch seconds)."""
+        """The per-request headers for ``verdict`` (``now`` in epoch seconds) of the
+        caller ``key``."""
         decisions = verdict.decisions
         if len(decisions) == 1:
             binding = decisions[0]
@@ -142,7 +150,8 @@ class HeaderFormat:
             ]
         ietf = self.ietf
         if ietf == "draft-11":
-            out.append((b"ratelimit", _draft11(decisions, names)))
+            out.append((b"ratelimit", _draft11(
+                decisions, names, partition_key(key) if self.partition_key else "")))
         elif ietf == "draft-7":
             out += (
                 (b"ratelimit", b"limit=%d, remaining=%d, reset=%d" % (
@@ -188,15 +197,26 @@ def _binding(decisions: Sequence[Decision], allowed: bool) -> Decision:
     return best if best is not None else decisions[0]
 
 
-def _draft11(decisions: Sequence[Decision], names: Mapping[PolicyKey, str]) -> bytes:
+def _draft11(
+    decisions: Sequence[Decision], names: Mapping[PolicyKey, str], pk: str = "",
+) -> bytes:
     """``"burst";r=50;t=30,"daily";r=999;t=86400``: every policy's remaining quota
-    (a concurrency slot: free slots, ``t`` only while none is free)."""
+    (a concurrency slot: free slots, ``t`` only while none is free), each item ending
+    in ``pk`` (the partition key parameter, if any)."""
     parts = []
     for d in decisions:
         name = names.get((d.scope, d.policy)) or policy_name(d.policy.name)
         if d.policy.is_concurrency:
-            parts.append(f'"{name}";r={d.remaining}' if d.allowed else
-                         f'"{name}";r={d.remaining};t={math.ceil(d.retry_after)}')
+            parts.append(f'"{name}";r={d.remaining}{pk}' if d.allowed else
+                         f'"{name}";r={d.remaining};t={math.ceil(d.retry_after)}{pk}')
             continue
-        parts.append(f'"{name}";r={d.remaining};t={math.ceil(d.reset_after)}')
+        parts.append(f'"{name}";r={d.remaining};t={math.ceil(d.reset_after)}{pk}')
     return ",".join(parts).encode()
+
+
+@functools.lru_cache(maxsize=4096)
+def partition_key(key: str) -> str:
+    """``;pk=:…:``: the draft-11 partition key of a caller, a byte sequence that tells
+    callers apart without showing their key (12 bytes of its BLAKE2b digest)."""
+    digest = hashlib.blake2b(key.encode("utf-8", "surrogateescape"), digest_size=12).digest()
+    return f";pk=:{base64.b64encode(digest).decode()}:"

@@ -137,7 +137,7 @@ class RateLimitMiddleware:
         self.app = app
         self.settings = settings
         self._clock = clock
-        self._format = HeaderFormat(settings.header_style)
+        self._format = HeaderFormat(settings.header_style, partition_key=settings.partition_key)
         self._response_format = settings.response_format
         self._shadow = settings.shadow
         self._websockets = settings.limit_websockets
@@ -432,7 +432,7 @@ class RateLimitMiddleware:
                 # Redis, the server's, so app servers with skewed clocks report the same.
                 now = verdict.at
             if self._format:
-                headers = self._format.dynamic(verdict, plan.names, now)
+                headers = self._format.dynamic(verdict, plan.names, now, key)
                 if plan.static_headers:
                     headers = [*plan.static_headers, *headers]
             if not verdict.allowed:

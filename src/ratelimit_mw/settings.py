@@ -129,6 +129,7 @@ class RateLimitSettings(BaseSettings):
     recovery_interval: float = 2.0
     failure_mode: FailureMode = "open"
     header_style: str = "legacy"
+    partition_key: bool = False
     response_format: Literal["json", "problem+json"] = "json"
     key: Literal["ip", "api_key", "user"] = "ip"
     api_key_header: str = "x-api-key"

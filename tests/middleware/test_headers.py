@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import math
+import re
 
 import pytest
 
@@ -92,6 +94,29 @@ async def test_draft11_lists_every_policy(clock: FakeClock, memory: MemoryStorag
     assert response.headers["ratelimit"] == '"minute";r=99;t=40,"hourly";r=2;t=2800'
     assert response.headers["x-ratelimit-limit"] == "3"
     assert response.headers["x-ratelimit-reset"] == str(1_700_002_800)
+
+
+async def test_draft11_partition_key(clock: FakeClock, memory: MemoryStorage) -> None:
+    """partition_key adds each caller's pk (a 12-byte digest, never the key itself) to every
+    RateLimit item: the same for one caller's requests, different between callers."""
+    tier = Tier("t", [Limit.parse("100/minute", "fixed_window", name="minute"),
+                      Limit.parse("3/hour", "fixed_window", name="hourly")])
+    app = make_app(tiers=[tier], storage=memory, clock=clock, header_style="draft-11",
+                   partition_key=True)
+    async with client_for(app) as one, client_for(app, ("198.51.100.1", 1)) as two:
+        first, second, other = await one.get("/"), await one.get("/"), await two.get("/")
+    pks = []
+    for response in (first, second, other):
+        items = response.headers["ratelimit"].split(",")
+        assert len(items) == 2
+        found = {re.fullmatch(r'"\w+";r=\d+;t=\d+;pk=:([A-Za-z0-9+/=]+):', item).group(1)
+                 for item in items}  # type: ignore[union-attr]
+        assert len(found) == 1
+        pks.append(found.pop())
+    assert pks[0] == pks[1] != pks[2]
+    assert len(base64.b64decode(pks[0])) == 12
+    assert "203.0.113.7" not in first.headers["ratelimit"]
+    assert "pk=" not in response.headers["ratelimit-policy"]
 
 
 async def test_retry_after_only_on_429(clock: FakeClock, memory: MemoryStorage) -> None:
