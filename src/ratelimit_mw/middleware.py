@@ -154,6 +154,10 @@ class RateLimitMiddleware:
 
         self._key = _key_function(key, settings)
         self._key_async = is_async_callable(self._key)
+        # Keys requests whose key function raised (their failure is logged, not a 500).
+        self._client_ip = ClientIP(TrustedProxies(settings.trusted_proxies),
+                                   ipv6_prefix=settings.ipv6_prefix)
+        self._failures = _Complaints()
         if tier_resolver is None and settings.tier_header:
             tier_resolver = TierFromHeader(settings.tier_header)
         self._resolver = tier_resolver
@@ -278,20 +282,50 @@ class RateLimitMiddleware:
     async def identify(self, scope: Scope) -> Caller | None:
         """The caller a request counts for (None: not limited), by the same key function
         and tier resolver the middleware uses; also for routes it does not limit."""
-        key: Any = self._key(scope)
-        if self._key_async:
-            key = await key
+        key = await self._key_of(scope)
         if key is None:
             return None
         return Caller(str(key), await self._tier_of(scope))
 
-    async def _tier_of(self, scope: Scope) -> Tier:
+    def _key_now(self, scope: Scope) -> Any:
+        """The (synchronous) key function's answer; the client IP if it raised."""
+        try:
+            return self._key(scope)
+        except Exception as exc:
+            self._failures.log("key function", self._key, exc)
+            return self._client_ip(scope)
+
+    async def _key_of(self, scope: Scope) -> Any:
+        """The key function's answer; the client IP if it raised."""
+        try:
+            key: Any = self._key(scope)
+            return await key if self._key_async else key
+        except Exception as exc:
+            self._failures.log("key function", self._key, exc)
+            return self._client_ip(scope)
+
+    def _tier_now(self, scope: Scope) -> Tier:
+        """The tier the (synchronous) resolver names; the default tier if it raised."""
         if self._resolver is None:
             return self._tiers.default
-        name: Any = self._resolver(scope)
-        if self._resolver_async:
-            name = await name
-        return self._tiers.pick(name)
+        try:
+            return self._tiers.pick(self._resolver(scope))  # type: ignore[arg-type]
+        except Exception as exc:
+            self._failures.log("tier resolver", self._resolver, exc)
+            return self._tiers.default
+
+    async def _tier_of(self, scope: Scope) -> Tier:
+        """The tier the resolver names; the default tier if it raised."""
+        if self._resolver is None:
+            return self._tiers.default
+        try:
+            name: Any = self._resolver(scope)
+            if self._resolver_async:
+                name = await name
+            return self._tiers.pick(name)
+        except Exception as exc:
+            self._failures.log("tier resolver", self._resolver, exc)
+            return self._tiers.default
 
     @property
     def clock(self) -> Callable[[], float]:
@@ -336,25 +370,21 @@ class RateLimitMiddleware:
         route = self._routes.resolve(scope)
         if route.exempt:
             return None
-        key = self._key(scope)
+        key = self._key_now(scope)
         if key is None:
             return None
-        tier = self._tiers.default if self._resolver is None else self._tiers.pick(
-            self._resolver(scope))  # type: ignore[arg-type]  # sync: see self._sync
-        return self._decide_local(str(key), self._plan(tier, route))
+        return self._decide_local(str(key), self._plan(self._tier_now(scope), route))
 
     async def _decide(self, scope: Scope) -> _Outcome | None:
         """Key, tier, route, one storage call; None when the request is not limited."""
         route = self._routes.resolve(scope)
         if route.exempt:
             return None
-        key: Any = self._key(scope)
-        if self._key_async:
-            key = await key
+        key = await self._key_of(scope) if self._key_async else self._key_now(scope)
         if key is None:
             return None
         key = str(key)
-        tier = await self._tier_of(scope) if self._resolver is not None else self._tiers.default
+        tier = await self._tier_of(scope) if self._resolver_async else self._tier_now(scope)
         plan = self._plan(tier, route)
         if self._local is not None:
             return self._decide_local(key, plan)
@@ -478,14 +508,20 @@ class RateLimitMiddleware:
         await response(scope, receive, _adding(send, headers))
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Opt-in: limit websocket connects; a refused one is closed with 1008."""
+        """Opt-in: limit websocket connects. A refused one gets the 429 (headers and
+        body) where the server offers the ASGI websocket denial response; elsewhere it
+        is closed with 1008 before the handshake (clients see a 403)."""
         state = scope.get("state")
         if state is None:
             state = scope["state"] = {}
         state[STATE_MIDDLEWARE] = self
         outcome = await self._decide({**scope, "method": "WEBSOCKET"})
         if outcome is not None and outcome.refused:
-            await send({"type": "websocket.close", "code": 1008, "reason": "rate limit exceeded"})
+            if "websocket.http.response" in (scope.get("extensions") or {}):
+                await self._refuse(scope, receive, _websocket_response(send), outcome)
+            else:
+                await send({"type": "websocket.close", "code": 1008,
+                            "reason": "rate limit exceeded"})
             return
         verdict = outcome.verdict if outcome is not None else None
         if verdict is None or not verdict.leases:
@@ -571,6 +607,42 @@ def _with_shadowed(plan: Plan, verdict: Verdict, enforced: Verdict | None) -> Ve
 def _slot_denied(verdict: Verdict) -> bool:
     """True when a concurrency slot is among what denied ``verdict``."""
     return any(not d.allowed and d.policy.is_concurrency for d in verdict.decisions)
+
+
+def _websocket_response(send: Send) -> Send:
+    """``send`` for an HTTP response that denies a websocket handshake."""
+    async def send_as_denial(message: Message) -> None:
+        kind = message["type"]
+        if kind.startswith("http.response."):  # a Starlette response already says websocket.
+            message = {**message, "type": f"websocket.{kind}"}
+        await send(message)
+
+    return send_as_denial
+
+
+class _Complaints:
+    """Logs a failing key function or tier resolver without flooding the log: the
+    first failure with its traceback, then at most one line a minute with a count."""
+
+    __slots__ = ("_last", "_quiet")
+
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+        self._quiet: dict[str, int] = {}
+
+    def log(self, what: str, fn: object, exc: Exception) -> None:
+        now = time.monotonic()
+        last = self._last.get(what)
+        if last is not None and now - last < 60:
+            self._quiet[what] = self._quiet.get(what, 0) + 1
+            return
+        more = self._quiet.pop(what, 0)
+        self._last[what] = now
+        fallback = "the client IP" if what == "key function" else "the default tier"
+        _log.error("ratelimit_mw: the %s %r raised %s: %s; using %s instead%s", what, fn,
+                   type(exc).__name__, str(exc)[:200], fallback,
+                   f" ({more} more such failures in the last minute)" if more else "",
+                   exc_info=last is None)
 
 
 def _adding(send: Send, headers: list[Header]) -> Send:

@@ -4,6 +4,7 @@ call, given back when the response ends, the client goes away or the app raises.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -393,6 +394,47 @@ async def test_websocket_holds_its_slot_while_connected(
     assert accepted[0]["type"] == "websocket.accept"
     assert after[0]["type"] == "websocket.accept"
     assert await in_flight(memory, 1) == 0
+
+
+async def test_websocket_denial_response_where_the_server_offers_it(
+    clock: FakeClock, memory: MemoryStorage,
+) -> None:
+    """With the ASGI websocket.http.response extension, a refused connect gets the 429
+    (headers and body) instead of a bare close."""
+    from starlette.routing import WebSocketRoute
+    from starlette.websockets import WebSocket
+
+    async def chat(websocket: WebSocket) -> None:
+        await websocket.accept()
+        await websocket.close()
+
+    app = make_app([WebSocketRoute("/ws", chat)], tiers=[Tier("t", "1/minute")],
+                   storage=memory, clock=clock, limit_websockets=True)
+
+    async def connect() -> list[Any]:
+        sent: list[Any] = []
+        incoming = [{"type": "websocket.connect"}, {"type": "websocket.disconnect", "code": 1000}]
+
+        async def receive() -> Any:
+            return incoming.pop(0)
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        scope = {"type": "websocket", "path": "/ws", "raw_path": b"/ws", "root_path": "",
+                 "scheme": "ws", "query_string": b"", "headers": [], "client": CLIENT,
+                 "server": ("test", 80), "subprotocols": [], "asgi": {"version": "3.0"},
+                 "extensions": {"websocket.http.response": {}}}
+        await app(scope, receive, send)
+        return sent
+
+    assert (await connect())[0]["type"] == "websocket.accept"
+    start, body = await connect()
+    assert start["type"] == "websocket.http.response.start" and start["status"] == 429
+    headers = dict(start["headers"])
+    assert int(headers[b"retry-after"]) > 0 and headers[b"x-ratelimit-remaining"] == b"0"
+    assert body["type"] == "websocket.http.response.body"
+    assert json.loads(body["body"])["error"] == "rate_limit_exceeded"
 
 
 async def in_flight_is(storage: MemoryStorage, expected: int) -> bool:

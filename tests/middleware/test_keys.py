@@ -10,7 +10,7 @@ from starlette.authentication import AuthCredentials, AuthenticationBackend, Sim
 from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.requests import HTTPConnection
 
-from ratelimit_mw import ConfigError, MemoryStorage
+from ratelimit_mw import ConfigError, Hit, Limit, MemoryStorage
 from ratelimit_mw.keys import APIKey, AuthenticatedUser, ClientIP, TrustedProxies
 from ratelimit_mw.tiers import Tier
 from tests.conftest import FakeClock
@@ -151,3 +151,55 @@ async def test_authenticated_user_key(clock: FakeClock, memory: MemoryStorage) -
 def test_user_key_without_user_is_ip() -> None:
     """Without scope['user'] the user key is the client IP."""
     assert AuthenticatedUser()(scope_from("203.0.113.7")) == "ip:203.0.113.7"
+
+
+def _raise_key(scope: Any) -> str:
+    raise KeyError("x-tenant")
+
+
+async def _raise_key_async(scope: Any) -> str:
+    raise RuntimeError("auth service down")
+
+
+def _raise_tier(scope: Any) -> str:
+    raise ValueError("no plan")
+
+
+async def _raise_tier_async(scope: Any) -> str:
+    raise LookupError("billing unreachable")
+
+
+@pytest.mark.parametrize("key", [_raise_key, _raise_key_async])
+async def test_a_key_function_that_raises_keys_by_client_ip(
+    key: Any, clock: FakeClock, memory: MemoryStorage, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A custom key function that raises is no 500: the request is keyed by its client IP
+    (so it is still limited), and the failure is logged once with its traceback, then
+    at most once a minute."""
+    app = make_app(tiers=[Tier("t", "2/minute")], storage=memory, clock=clock, key=key)
+    with caplog.at_level(logging.ERROR, logger="ratelimit_mw"):
+        async with client_for(app) as one, client_for(app, ("198.51.100.1", 1)) as two:
+            codes = [(await one.get("/")).status_code for _ in range(3)]
+            other = await two.get("/")
+    assert codes == [200, 200, 429]
+    assert other.status_code == 200
+    seen = await memory.peek("ip:203.0.113.7", [Hit(Limit.parse("2/minute"))])
+    assert seen.decisions[0].remaining == 0  # counted under the client IP
+    failures = [r for r in caplog.records if "key function" in r.getMessage()]
+    assert len(failures) == 1 and failures[0].exc_info is not None
+    assert "client IP" in failures[0].getMessage()
+
+
+@pytest.mark.parametrize("resolver", [_raise_tier, _raise_tier_async])
+async def test_a_tier_resolver_that_raises_gives_the_default_tier(
+    resolver: Any, clock: FakeClock, memory: MemoryStorage, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A tier resolver that raises is no 500: the request gets the default tier."""
+    tiers = [Tier("free", "1/minute"), Tier("pro", "100/minute")]
+    app = make_app(tiers=tiers, storage=memory, clock=clock, tier_resolver=resolver,
+                   default_tier="free")
+    with caplog.at_level(logging.ERROR, logger="ratelimit_mw"):
+        async with client_for(app) as client:
+            codes = [(await client.get("/")).status_code for _ in range(2)]
+    assert codes == [200, 429]
+    assert [r for r in caplog.records if "tier resolver" in r.getMessage()]

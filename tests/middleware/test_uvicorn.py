@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 
@@ -52,3 +53,35 @@ async def test_real_server_limits_and_waiting_retry_after_passes(server_url: str
         again = await client.get("/")
     assert again.status_code == 200
     assert '"hour";r=98;' in again.headers["ratelimit"]
+
+
+async def test_websocket_connects_over_the_limit_get_a_429(
+    redis_url: str, redis_prefix: str,
+) -> None:
+    """limit_websockets on a real uvicorn (websockets-sansio): a connect over the limit
+    is refused before the handshake with the 429 itself, headers and JSON body."""
+    from starlette.routing import WebSocketRoute
+    from starlette.websockets import WebSocket
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import InvalidStatus
+
+    async def echo(websocket: WebSocket) -> None:
+        await websocket.accept()
+        await websocket.send_text(await websocket.receive_text())
+        await websocket.close()
+
+    app = make_app([WebSocketRoute("/ws", echo)], tiers=[Tier("t", "1/minute")],
+                   storage_url=redis_url, storage_prefix=redis_prefix, limit_websockets=True)
+    with serve(app, ws="websockets-sansio") as url:
+        address = url.replace("http://", "ws://") + "/ws"
+        async with connect(address) as websocket:
+            await websocket.send("hi")
+            assert await websocket.recv() == "hi"
+        with pytest.raises(InvalidStatus) as refused:
+            async with connect(address):
+                pass
+    response = refused.value.response
+    assert response.status_code == 429
+    assert int(response.headers["retry-after"]) >= 1
+    assert response.headers["x-ratelimit-remaining"] == "0"
+    assert json.loads(response.body)["error"] == "rate_limit_exceeded"
