@@ -21,7 +21,7 @@ from .decision import Verdict
 from .errors import ConfigError
 from .events import Source
 from .policy import Hit
-from .storage import MemoryStorage, Storage
+from .storage import MemoryStorage, RedisStorage, Storage
 
 __all__ = ["FAILURE_MODES", "FailureMode", "FailureStats", "Gate", "StorageGuard", "check_mode"]
 
@@ -123,11 +123,17 @@ class StorageGuard:
         if permit is None:
             self.stats.skipped += 1
             return self._degraded(key, hits, usage)
+        storage = self.storage
         try:
-            async with asyncio.timeout(self.timeout):
-                # Without usage, the two-argument call: custom storages may predate it.
-                verdict = await (self.storage.decide(key, hits, usage=True) if usage
-                                 else self.storage.decide(key, hits))
+            if isinstance(storage, RedisStorage):
+                # It keeps the timeout itself, with one timer per pipelined batch where
+                # asyncio.timeout here would cost one per request.
+                verdict = await storage.decide(key, hits, usage=usage, timeout=self.timeout)
+            else:
+                async with asyncio.timeout(self.timeout):
+                    # Without usage, the two-argument call: custom storages may predate it.
+                    verdict = await (storage.decide(key, hits, usage=True) if usage
+                                     else storage.decide(key, hits))
         except Exception as exc:
             # Any failure of the storage (StorageError, TimeoutError, a bug in a custom
             # storage) is the failure policy's business, never a 500.

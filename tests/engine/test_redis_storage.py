@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.connection import AbstractConnection
 from redis.crc import key_slot
 
 from ratelimit_mw import ALGORITHM_NAMES, ConfigError, Hit, Limit, RedisStorage, storage_from_url
@@ -39,22 +40,33 @@ def three_limits() -> list[Hit]:
 async def test_one_command_per_decision_with_three_limits(
     storage: RedisStorage, raw: aioredis.Redis, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Three limits cost one EVALSHA each decision, counted by the client and by Redis."""
+    """Three limits cost one EVALSHA each decision, counted on the wire and by Redis."""
     await storage.decide("warm", three_limits())  # loads the script once
-    sent: list[Any] = []
-    original = storage.client.execute_command
+    sent: list[bytes] = []
+    original = AbstractConnection.send_packed_command
 
-    async def counting(*args: Any, **options: Any) -> Any:
-        sent.append(args[0])
-        return await original(*args, **options)
+    async def recording(connection: AbstractConnection, command: Any, *args: Any,
+                        **options: Any) -> None:
+        sent.extend(_names(command if isinstance(command, bytes) else b"".join(command)))
+        await original(connection, command, *args, **options)
 
-    monkeypatch.setattr(storage.client, "execute_command", counting)
     before = await raw.info("commandstats")
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", recording)
     for i in range(50):
         await storage.decide(f"user-{i % 5}", three_limits())
+    monkeypatch.undo()
     after = await raw.info("commandstats")
-    assert sent == ["EVALSHA"] * 50
+    assert sent == [b"EVALSHA"] * 50
     assert after["cmdstat_evalsha"]["calls"] - before["cmdstat_evalsha"]["calls"] >= 50
+
+
+def _names(packed: bytes) -> list[bytes]:
+    """The name of each command in RESP ``packed`` (arguments without CR LF)."""
+    tokens, names, i = packed.split(b"\r\n"), [], 0
+    while i < len(tokens) - 1:
+        names.append(tokens[i + 2])
+        i += 1 + 2 * int(tokens[i][1:])
+    return names
 
 
 async def test_every_key_has_a_ttl(storage: RedisStorage, raw: aioredis.Redis) -> None:
@@ -163,9 +175,9 @@ async def test_concurrent_decisions_share_one_pipeline(
     flushes: list[int] = []
     original = storage._pipelined
 
-    async def counting(batch: Any) -> Any:
+    async def counting(batch: Any, *options: Any) -> Any:
         flushes.append(len(batch))
-        return await original(batch)
+        return await original(batch, *options)
 
     monkeypatch.setattr(storage, "_pipelined", counting)
     hit = Hit(Limit.parse("5/minute", "fixed_window"))
@@ -222,9 +234,9 @@ async def test_releases_ride_in_the_decisions_pipeline(
     flushes: list[list[str]] = []
     original = storage._pipelined
 
-    async def recording(batch: Any) -> Any:
+    async def recording(batch: Any, *options: Any) -> Any:
         flushes.append([kind for kind, *_ in batch])
-        return await original(batch)
+        return await original(batch, *options)
 
     monkeypatch.setattr(storage, "_pipelined", recording)
     await asyncio.gather(*(storage.release(v.leases) for v in held),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 import secrets
 from collections.abc import Callable, Sequence
 from functools import lru_cache
@@ -14,7 +16,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.commands.core import AsyncScript
 
 from ..decision import Lease, Verdict
-from ..errors import StorageError
+from ..errors import ConfigError, StorageError
 from ..policy import ALGORITHM_NAMES, Hit
 from .base import (
     BUCKET_SECONDS,
@@ -25,15 +27,16 @@ from .base import (
     decision_from,
     merge_hits,
 )
-from .keys import check_prefix, encode_part, identity_tag, redis_key
+from .keys import check_prefix, encode_part, identity_tag
+from .wire import exchange, pack_plan, pack_release
 
 __all__ = ["RedisStorage", "decide_script_source"]
 
-# RedisClusterException (no topology, slot not covered) is not a RedisError.
 _Kind = Literal["decide", "release"]
-_Queued = tuple[_Kind, list[str], list[str | int], "asyncio.Future[Any]"]
-"""A command waiting for the next pipeline flush, and the future of its reply."""
+_Queued = tuple[_Kind, bytes, "asyncio.Future[Any]"]
+"""A packed command waiting for the next pipeline flush, and the future of its reply."""
 
+# RedisClusterException (no topology, slot not covered) is not a RedisError.
 _FAILURES = (redis_errors.RedisError, redis_errors.RedisClusterException, OSError,
              asyncio.TimeoutError)
 
@@ -45,6 +48,28 @@ def decide_script_source() -> str:
     return "\n".join((lua / f"{name}.lua").read_text(encoding="utf-8") for name in parts)
 
 
+class _LeaseIds:
+    """Lease ids unique across processes: a random prefix per process, then a count
+    (cheaper than a random token per request)."""
+
+    __slots__ = ("_count", "_prefix")
+
+    def __init__(self) -> None:
+        self.renew()
+
+    def renew(self) -> None:
+        self._prefix = secrets.token_hex(8)
+        self._count = itertools.count()
+
+    def __call__(self) -> str:
+        return f"{self._prefix}{next(self._count):x}"
+
+
+_lease_id = _LeaseIds()
+# A worker forked after this import (gunicorn --preload) must not repeat its parent's ids.
+os.register_at_fork(after_in_child=_lease_id.renew)
+
+
 class RedisStorage(Storage):
     """Counters in Redis, shared by every process that uses the same server.
 
@@ -54,8 +79,8 @@ class RedisStorage(Storage):
     Errors are raised as ``StorageError``; what to do then is the caller's policy.
     """
 
-    __slots__ = ("_batch", "_client", "_clock", "_flushes", "_owns_client", "_script",
-                 "pipeline", "prefix", "retention")
+    __slots__ = ("_batch", "_client", "_clock", "_deadline", "_encode", "_flushes",
+                 "_owns_client", "_script", "pipeline", "prefix", "retention", "timeout")
 
     def __init__(
         self,
@@ -66,12 +91,21 @@ class RedisStorage(Storage):
         owns_client: bool = False,
         usage_retention: UsageRetention = UsageRetention(),  # noqa: B008 - immutable
         pipeline: bool | None = None,
+        timeout: float | None = None,
     ) -> None:
         self.prefix = check_prefix(prefix)
+        # Seconds within which each pipelined batch must be answered (None: only the
+        # client's socket timeout bounds it); a caller may ask for less (decide(timeout=)).
+        self.timeout = timeout
         # Decisions asked for in the same event-loop tick go out as one pipeline: one
         # write and one read for many requests. Plain Redis only (Cluster routes per key).
         self.pipeline = isinstance(client, Redis) if pipeline is None else pipeline
+        if self.pipeline and not isinstance(client, Redis):
+            msg = (f"pipeline=True needs a redis.asyncio.Redis client, not "
+                   f"{type(client).__name__}; leave pipeline unset for Redis Cluster")
+            raise ConfigError(msg)
         self._batch: list[_Queued] = []
+        self._deadline: float | None = None
         self._flushes: set[asyncio.Task[None]] = set()
         self.retention = UsageRetention(*usage_retention).check()
         self._client = client
@@ -80,6 +114,9 @@ class RedisStorage(Storage):
         # differential tests can drive memory and Redis on the same simulated time.
         self._clock = clock
         self._script: AsyncScript = client.register_script(decide_script_source())
+        # Keys packed by hand are encoded as redis-py would (the client's encoding).
+        self._encode: Callable[[str], bytes] = (
+            client.get_encoder().encode if self.pipeline else str.encode)
 
     @classmethod
     def from_url(
@@ -106,7 +143,7 @@ class RedisStorage(Storage):
         else:
             client = Redis.from_url(url, **options)
         return cls(client, prefix=prefix, clock=clock, owns_client=True,
-                   usage_retention=usage_retention)
+                   usage_retention=usage_retention, timeout=timeout)
 
     @property
     def client(self) -> Redis:
@@ -116,86 +153,104 @@ class RedisStorage(Storage):
     def __repr__(self) -> str:
         return f"RedisStorage(prefix={self.prefix!r}, client={self._client!r})"
 
-    async def decide(self, key: str, hits: Sequence[Hit], *, usage: bool = False) -> Verdict:
+    async def decide(
+        self, key: str, hits: Sequence[Hit], *, usage: bool = False,
+        timeout: float | None = None,
+    ) -> Verdict:
+        """See ``Storage.decide``; with ``timeout``, a decision not answered within that
+        many seconds raises ``StorageError`` (decisions pipelined together share one
+        timer, cheaper than one per call)."""
         hits = merge_hits(hits)
         if not hits and not usage:
             return Verdict(True, ())
-        tag = identity_tag(self.prefix, key)
-        keys = []
-        lease_id = ""
-        args: list[str | int] = [
-            "" if self._clock is None else round(self._clock() * 1_000_000), "",
-            f"{self.retention.hours},{self.retention.days}" if usage else ""]
-        for hit in hits:
-            limit = hit.limit
-            keys.append(f"{tag}{_scope_part(hit.scope)}:{limit.uid}")
-            args += (limit.algorithm, limit.amount, limit.period_us, limit.capacity, hit.cost)
-            if limit.is_concurrency and hit.cost and not lease_id:
-                lease_id = args[1] = secrets.token_hex(8)
-        if usage:
-            keys.append(f"{tag}u:")  # the usage buckets' prefix (see decide.lua)
+        tag = _tag(self.prefix, key)
+        clock = "" if self._clock is None else str(round(self._clock() * 1_000_000))
+        spec = f"{self.retention.hours},{self.retention.days}" if usage else ""
         try:
             if self.pipeline:
-                reply = await self._batched(keys, args)
+                plan = pack_plan(self._script.sha,
+                                 hits if isinstance(hits, tuple) else tuple(hits), usage)
+                slots = plan.slots
+                lease_id = _lease_id() if slots else ""
+                command = plan.command(self._encode(tag), clock.encode(), lease_id.encode(),
+                                       spec.encode())
+                reply = await self._queue("decide", command, timeout)
             else:
-                reply = await self._script(keys=keys, args=args)
+                slots = tuple((hit.scope, hit.limit.uid) for hit in hits
+                              if hit.limit.is_concurrency and hit.cost)
+                lease_id = _lease_id() if slots else ""
+                keys = [f"{tag}{_scope_part(hit.scope)}:{hit.limit.uid}" for hit in hits]
+                if usage:
+                    keys.append(f"{tag}u:")  # the usage buckets' prefix (see decide.lua)
+                args: list[str | int] = [clock, lease_id, spec]
+                for hit in hits:
+                    limit = hit.limit
+                    args += (limit.algorithm, limit.amount, limit.period_us, limit.capacity,
+                             hit.cost)
+                async with asyncio.timeout(timeout):
+                    reply = await self._script(keys=keys, args=args)
         except _FAILURES as exc:
             msg = f"redis could not decide for {len(hits)} limit(s): {exc}"
             raise StorageError(msg) from exc
         allowed = bool(reply[0])
-        leases = tuple(
-            Lease(key, hit.scope, hit.limit.uid, lease_id) for hit in hits
-            if hit.limit.is_concurrency and hit.cost
-        ) if allowed and lease_id else ()
+        leases = tuple(Lease(key, scope, uid, lease_id) for scope, uid in slots
+                       ) if allowed and lease_id else ()
         return Verdict(allowed, tuple(
             decision_from(hit, bool(reply[i]), reply[i + 1], reply[i + 2], reply[i + 3])
             for hit, i in zip(hits, range(2, len(reply), 4), strict=True)
         ), leases, reply[1] / 1_000_000)
 
-    async def _batched(self, keys: list[str], args: list[str | int]) -> Any:
-        """Run the script in the next pipeline flush, with whatever else joins it."""
-        return await self._queue("decide", keys, args)
-
-    def _queue(self, kind: _Kind, keys: list[str], args: list[str | int]) -> asyncio.Future[Any]:
+    def _queue(self, kind: _Kind, command: bytes, timeout: float | None = None,
+               ) -> asyncio.Future[Any]:
         """Queue one command for the next flush (queued at once, so a caller cancelled
-        right after still has its command sent)."""
+        right after still has its command sent); the batch must be answered within the
+        storage's timeout and the shortest ``timeout`` of its commands."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         if not self._batch:
-            loop.call_soon(self._flush)
-        self._batch.append((kind, keys, args, future))
+            loop.call_soon(self._flush, loop)
+            self._deadline = None if self.timeout is None else loop.time() + self.timeout
+        self._batch.append((kind, command, future))
+        if timeout is not None:
+            deadline = loop.time() + timeout
+            if self._deadline is None or deadline < self._deadline:
+                self._deadline = deadline
         return future
 
-    def _flush(self) -> None:
-        batch, self._batch = self._batch, []
-        task = asyncio.ensure_future(self._send(batch))
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        batch, deadline = self._batch, self._deadline
+        self._batch, self._deadline = [], None
+        task = loop.create_task(self._send(batch, deadline))
         self._flushes.add(task)  # a reference, so the task is not collected mid-flight
         task.add_done_callback(self._flushes.discard)
 
-    async def _send(self, batch: list[_Queued]) -> None:
+    async def _send(self, batch: list[_Queued], deadline: float | None) -> None:
         """One round trip for the whole batch; NOSCRIPT (a restarted Redis) loads the
-        script again and re-runs only the decisions that missed it."""
+        script again and re-runs only the decisions that missed it. Past the deadline the
+        batch is cut off and every caller still waiting gets a TimeoutError."""
+        timer = asyncio.timeout_at(deadline)
+        bounded = deadline is not None
         try:
-            if len(batch) == 1:
-                replies: list[Any] = [await self._one(batch[0])]
-            else:
-                replies = await self._pipelined(batch)
+            async with timer:
+                replies = await self._pipelined(batch, bounded)
                 missed = [i for i, reply in enumerate(replies)
                           if isinstance(reply, redis_errors.NoScriptError)]
                 if missed:
                     await self._client.script_load(self._script.script)
-                    again = await self._pipelined([batch[i] for i in missed])
+                    again = await self._pipelined([batch[i] for i in missed], bounded)
                     for i, reply in zip(missed, again, strict=True):
                         replies[i] = reply
         except BaseException as exc:  # handed to every waiter, then re-raised if not an error
+            error = TimeoutError("redis did not answer within the storage timeout"
+                                 ) if timer.expired() else exc
             for *_, future in batch:
                 if future.done():
                     continue
-                if isinstance(exc, asyncio.CancelledError):
+                if isinstance(error, asyncio.CancelledError):
                     future.cancel()
                 else:
-                    future.set_exception(exc)
-            if not isinstance(exc, Exception):
+                    future.set_exception(error)
+            if not isinstance(error, Exception):
                 raise
             return
         for (*_, future), reply in zip(batch, replies, strict=True):
@@ -206,33 +261,24 @@ class RedisStorage(Storage):
             else:
                 future.set_result(reply)
 
-    async def _one(self, queued: _Queued) -> Any:
-        kind, keys, args, _ = queued
-        if kind == "decide":
-            return await self._script(keys=keys, args=args)
-        return await self._client.zrem(keys[0], *args)
-
-    async def _pipelined(self, batch: list[_Queued]) -> list[Any]:
-        async with self._client.pipeline(transaction=False) as pipe:
-            for kind, keys, args, _ in batch:
-                if kind == "decide":
-                    pipe.evalsha(self._script.sha, len(keys), *keys, *args)
-                else:
-                    pipe.zrem(keys[0], *args)
-            return list(await pipe.execute(raise_on_error=False))
+    async def _pipelined(self, batch: list[_Queued], bounded: bool = False) -> list[Any]:
+        """The batch's commands in one write on one connection; its replies in order
+        (``bounded``: under a deadline, see ``exchange``)."""
+        return await exchange(self._client.connection_pool,
+                              [command for _, command, _ in batch], bounded=bounded)
 
     async def release(self, leases: Sequence[Lease]) -> None:
         """Give slots back: one ZREM each, in the next pipeline flush with the decisions
         of the same event-loop iteration (Cluster: one after the other)."""
         try:
+            names = [f"{_tag(self.prefix, lease.key)}{_scope_part(lease.scope)}:{lease.uid}"
+                     for lease in leases]  # as in decide
             if self.pipeline:
-                queued = [self._queue("release", [redis_key(self.prefix, lease.key,
-                                                            lease.scope, lease.uid)], [lease.id])
-                          for lease in leases]
-                await asyncio.gather(*queued)
+                await asyncio.gather(*[
+                    self._queue("release", pack_release(self._encode(name), lease.id.encode()))
+                    for name, lease in zip(names, leases, strict=True)])
             else:
-                for lease in leases:
-                    name = redis_key(self.prefix, lease.key, lease.scope, lease.uid)
+                for name, lease in zip(names, leases, strict=True):
                     await self._client.zrem(name, lease.id)
         except _FAILURES as exc:
             msg = f"redis could not release {len(leases)} slot(s): {exc}"
@@ -279,6 +325,12 @@ class RedisStorage(Storage):
     async def close(self) -> None:
         if self._owns_client:
             await self._client.aclose()
+
+
+@lru_cache(maxsize=4096)
+def _tag(prefix: str, identity: str) -> str:
+    """An identity decides, then gives its slot back, and comes again: worth caching."""
+    return identity_tag(prefix, identity)
 
 
 @lru_cache(maxsize=4096)

@@ -55,7 +55,7 @@ def sentinel_storage_from_url(
     """
     client = sentinel_client_from_url(url, timeout=timeout, **options)
     return RedisStorage(client, prefix=prefix, clock=clock, owns_client=True,
-                        usage_retention=usage_retention)
+                        usage_retention=usage_retention, timeout=timeout)
 
 
 def sentinel_client_from_url(url: str, *, timeout: float | None = None, **options: Any) -> Redis:

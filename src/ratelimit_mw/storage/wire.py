@@ -1,0 +1,117 @@
+"""Commands packed by hand, and a batch of them sent on one pooled connection.
+
+A decision's ``EVALSHA`` is mostly the same bytes from one request to the next: the
+plan's limits. They are packed once per plan (``pack_plan``); a request only joins
+them to what changes, its identity's keys, a lease id and the usage spec. A batch
+then goes out in one write on one connection and its replies are read in order
+(``exchange``), without redis-py's pipeline encoding every argument again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+from inspect import Parameter, signature
+from typing import Any, NamedTuple
+
+from redis.asyncio.connection import ConnectionPool
+from redis.exceptions import ResponseError
+
+from ..policy import Hit
+from .keys import encode_part
+
+__all__ = ["PackedPlan", "bulk", "exchange", "pack_plan", "pack_release"]
+
+
+def bulk(value: bytes) -> bytes:
+    """One RESP bulk string."""
+    return b"$%d\r\n%b\r\n" % (len(value), value)
+
+
+class PackedPlan(NamedTuple):
+    """The ``EVALSHA`` of one plan, but for the identity's keys and the first arguments."""
+
+    head: bytes
+    """Argument count, ``EVALSHA``, the script's digest and the number of keys."""
+    keys: tuple[bytes, ...]
+    """Each key's end, after the identity's tag."""
+    tail: bytes
+    """Five arguments per hit: algorithm, amount, period, capacity, cost."""
+    slots: tuple[tuple[str, str], ...]
+    """``(scope, uid)`` of each hit that takes a concurrency slot."""
+
+    def command(self, tag: bytes, clock: bytes, lease: bytes, usage: bytes) -> bytes:
+        """The whole command for one identity (see decide.lua for the arguments)."""
+        size = len(tag)
+        return b"".join([
+            self.head,
+            *[b"$%d\r\n%b%b\r\n" % (size + len(key), tag, key) for key in self.keys],
+            bulk(clock), bulk(lease), bulk(usage), self.tail,
+        ])
+
+
+@lru_cache(maxsize=512)
+def pack_plan(sha: str, hits: tuple[Hit, ...], usage: bool) -> PackedPlan:
+    """Pack what the decisions of one plan share (with usage counted, or not)."""
+    keys = [f"{encode_part(hit.scope)}:{hit.limit.uid}".encode() for hit in hits]
+    if usage:
+        keys.append(b"u:")  # the usage buckets' prefix (see decide.lua)
+    tail = b"".join(
+        bulk(str(value).encode())
+        for hit in hits
+        for value in (hit.limit.algorithm, hit.limit.amount, hit.limit.period_us,
+                      hit.limit.capacity, hit.cost)
+    )
+    count = 3 + len(keys) + 3 + 5 * len(hits)
+    head = b"*%d\r\n%b%b%b" % (count, bulk(b"EVALSHA"), bulk(sha.encode()),
+                              bulk(b"%d" % len(keys)))
+    slots = tuple((hit.scope, hit.limit.uid) for hit in hits
+                  if hit.limit.is_concurrency and hit.cost)
+    return PackedPlan(head, tuple(keys), tail, slots)
+
+
+def pack_release(key: bytes, lease: bytes) -> bytes:
+    """``ZREM key lease``: one concurrency slot given back."""
+    return b"*3\r\n$4\r\nZREM\r\n%b%b" % (bulk(key), bulk(lease))
+
+
+def _pool_arguments() -> tuple[str, ...]:
+    """redis-py before 5.3 wants a command name to hand out a connection; later ones
+    warn when given one."""
+    name = signature(ConnectionPool.get_connection).parameters.get("command_name")
+    return ("EVALSHA",) if name is not None and name.default is Parameter.empty else ()
+
+
+_POOL_ARGUMENTS = _pool_arguments()
+
+
+async def exchange(pool: ConnectionPool, commands: Sequence[bytes], *,
+                   bounded: bool = False) -> list[Any]:
+    """Write ``commands`` on one connection of ``pool`` at once, then read their replies.
+
+    An error reply (``NOSCRIPT``, say) takes its command's place in the list rather
+    than being raised. Anything else that interrupts the exchange (a lost connection,
+    a cancellation at the deadline) closes the connection before it goes back to the
+    pool, so that no later command reads a reply meant for this batch. When the caller
+    ``bounded`` the whole exchange with a deadline, the connection's socket timeout (a
+    timer for the write, and one per reply) is set aside meanwhile.
+    """
+    connection = await pool.get_connection(*_POOL_ARGUMENTS)  # type: ignore[no-untyped-call]
+    socket_timeout = connection.socket_timeout
+    try:
+        if bounded:
+            connection.socket_timeout = None
+        await connection.send_packed_command(commands)
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(await connection.read_response())
+            except ResponseError as exc:
+                replies.append(exc)
+    except BaseException:
+        await connection.disconnect(nowait=True)
+        raise
+    finally:
+        connection.socket_timeout = socket_timeout
+        await pool.release(connection)
+    return replies

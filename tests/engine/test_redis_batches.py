@@ -1,0 +1,187 @@
+"""How the Redis storage bounds its pipelined batches, and what it packs on the wire."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from multiprocessing.connection import Connection
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from ratelimit_mw import ConfigError, Hit, Limit, RedisStorage, Storage, StorageError
+from ratelimit_mw.decision import Lease, Verdict
+from ratelimit_mw.failure import StorageGuard
+from ratelimit_mw.storage import redis as redis_storage
+
+HIT = Hit(Limit.parse("100/minute", "fixed_window"))
+
+
+@asynccontextmanager
+async def frozen_redis() -> AsyncIterator[tuple[str, asyncio.Event]]:
+    """A server that reads every command and never answers; the event is set when a
+    client closes its connection."""
+    closed = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.read(65536):
+            pass
+        closed.set()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"redis://127.0.0.1:{port}/0", closed
+    finally:
+        server.close()
+
+
+async def test_a_batch_past_its_deadline_fails_every_waiter() -> None:
+    """No answer within the caller's timeout: every decision of the batch fails at once."""
+    async with frozen_redis() as (url, _):
+        storage = RedisStorage.from_url(url)  # no socket timeout: only the deadline bounds it
+        try:
+            start = time.monotonic()
+            results = await asyncio.gather(
+                *(storage.decide(f"k{i}", [HIT], timeout=0.1) for i in range(5)),
+                return_exceptions=True)
+            assert time.monotonic() - start < 0.5
+            assert all(isinstance(r, StorageError) for r in results), results
+        finally:
+            await storage.close()
+
+
+async def test_a_batch_cut_off_closes_its_connection() -> None:
+    """A batch cut off at its deadline closes the connection rather than pooling it with
+    replies still to come."""
+    async with frozen_redis() as (url, closed):
+        storage = RedisStorage.from_url(url)
+        try:
+            with pytest.raises(StorageError):
+                await storage.decide("k", [HIT], timeout=0.1)
+            await asyncio.wait_for(closed.wait(), 1.0)
+        finally:
+            await storage.close()
+
+
+async def test_the_storage_timeout_bounds_every_batch() -> None:
+    """``from_url(timeout=)`` bounds decisions and releases asked without a timeout."""
+    async with frozen_redis() as (url, _):
+        storage = RedisStorage.from_url(url, timeout=0.1)
+        try:
+            start = time.monotonic()
+            with pytest.raises(StorageError):
+                await storage.decide("k", [HIT])
+            with pytest.raises(StorageError):
+                await storage.release([Lease("k", "", "uid", "lease")])
+            assert time.monotonic() - start < 1.0
+        finally:
+            await storage.close()
+
+
+async def test_the_guard_leaves_the_timeout_to_redis_storage(
+    redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Through the guard, a Redis decision starts no timer of its own; others still do."""
+    timers: list[float | None] = []
+    original = asyncio.timeout
+
+    def counting(delay: float | None) -> asyncio.Timeout:
+        timers.append(delay)
+        return original(delay)
+
+    storage = RedisStorage.from_url(redis_url, prefix=redis_prefix)
+    try:
+        guard = StorageGuard(storage, timeout=0.5)
+        monkeypatch.setattr(asyncio, "timeout", counting)
+        verdict, source = await guard.decide("k", [HIT])
+        assert source == "storage" and verdict is not None and verdict.allowed
+        assert timers == []
+        await StorageGuard(_Answering(), timeout=0.5).decide("k", [HIT])
+        assert timers == [0.5]
+    finally:
+        await storage.close()
+
+
+async def test_the_guard_bound_holds_on_a_frozen_redis() -> None:
+    """A frozen Redis behind the guard costs about the guard's timeout, then the policy
+    answers."""
+    async with frozen_redis() as (url, _):
+        storage = RedisStorage.from_url(url)
+        try:
+            guard = StorageGuard(storage, timeout=0.1)
+            start = time.monotonic()
+            verdict, source = await guard.decide("k", [HIT])
+            assert time.monotonic() - start < 0.5
+            assert (verdict, source) == (None, "unavailable")
+        finally:
+            await storage.close()
+
+
+async def test_a_lone_decision_reloads_the_script(
+    redis_url: str, redis_prefix: str,
+) -> None:
+    """NOSCRIPT on a batch of one (a restarted Redis) loads the script and decides."""
+    storage = RedisStorage.from_url(redis_url, prefix=redis_prefix)
+    raw = aioredis.Redis.from_url(redis_url)
+    try:
+        await storage.decide("k", [HIT])
+        await raw.script_flush()
+        verdict = await storage.decide("k", [HIT])
+        assert verdict.decisions[0].remaining == 98
+    finally:
+        await raw.aclose()
+        await storage.close()
+
+
+def test_pipelining_needs_a_plain_redis_client() -> None:
+    """Batches are packed for ``redis.asyncio.Redis``; another client can't ask for them."""
+    with pytest.raises(ConfigError, match=r"pipeline=True needs a redis\.asyncio\.Redis"):
+        RedisStorage(object(), pipeline=True)
+
+
+def test_lease_ids_are_unique() -> None:
+    """Lease ids share a per-process prefix and never repeat."""
+    ids = [redis_storage._lease_id() for _ in range(1000)]
+    assert len(set(ids)) == 1000
+    assert len({lease_id[:16] for lease_id in ids}) == 1
+
+
+def test_a_forked_worker_draws_its_own_lease_ids() -> None:
+    """A worker forked from a process that already made ids (``--preload``) repeats none."""
+    parent = redis_storage._lease_id()
+    receiver, sender = multiprocessing.get_context("fork").Pipe(duplex=False)
+    child = multiprocessing.get_context("fork").Process(target=_send_lease_id, args=(sender,))
+    child.start()
+    try:
+        assert receiver.poll(10)
+        theirs = receiver.recv()
+    finally:
+        child.join(10)
+    assert theirs[:16] != parent[:16]
+
+
+def _send_lease_id(sender: Connection) -> None:
+    sender.send(redis_storage._lease_id())
+
+
+class _Answering(Storage):
+    """A storage that admits everything at once."""
+
+    async def decide(self, key: str, hits: Sequence[Hit], *, usage: bool = False) -> Verdict:
+        return Verdict(True, ())
+
+    async def release(self, leases: Sequence[Lease]) -> None:
+        return None
+
+    async def usage(self, key: str, granularity: Any, start: float, end: float,
+                    ) -> list[tuple[int, int]]:
+        return []
+
+    async def reset(self, key: str) -> None:
+        return None
