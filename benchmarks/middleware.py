@@ -5,9 +5,12 @@ Each app runs in its own uvicorn subprocess (one worker) and is loaded with ``wr
 requests per second of each app and its ratio to the bare app.
 
     python benchmarks/middleware.py [--seconds 5] [--connections 32] [--redis URL]
+                                    [--server auto|h11|httptools] [apps...]
 
 Apps (this module is also the uvicorn app module, see ``create_app``):
     bare     Starlette, one plain-text route
+    headers  bare, plus four constant X-RateLimit-* headers added by a minimal pure
+             ASGI wrapper: the ceiling for any limiter that sends the legacy headers
     memory   + the middleware on memory storage, every request admitted
     redis    + the middleware on Redis, every request admitted
     denial   + the middleware on Redis, the one client over its limit (answered
@@ -43,14 +46,15 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
 
-APPS = ("bare", "memory", "redis", "denial", "memory-tier", "redis-tier")
+APPS = ("bare", "headers", "memory", "redis", "denial", "memory-tier", "redis-tier")
 PEERS = (  # the other libraries doing the same job, from benchmarks/peer_apps.py
     "limits-memory", "limits-redis", "slowapi-memory", "slowapi-redis",
     "asgi-ratelimit-memory", "asgi-ratelimit-redis", "fastapi-limiter-memory",
     "fastapi-limiter-redis",
 )
-# also "quiet": memory, no headers
+# also "quiet": memory, no headers; "headers": bare + four constant headers
 TARGETS = {"memory": 0.90, "redis": 0.45, "denial": 0.80, "memory-tier": 0.80,
            "redis-tier": 0.40}
 _HUGE = 1_000_000_000
@@ -69,6 +73,8 @@ def create_app() -> Starlette:
     app = Starlette(routes=[Route("/", _hello)])
     if kind == "bare":
         return app
+    if kind == "headers":
+        return _with_constant_headers(app)  # type: ignore[return-value]
     redis_url = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/0")
     prefix = os.environ.get("BENCH_PREFIX", "bench:")
     if kind == "memory":
@@ -106,6 +112,28 @@ def create_app() -> Starlette:
     return app
 
 
+def _with_constant_headers(app: Starlette) -> object:
+    """``app`` answering with the four legacy headers a limiter sends, as constants."""
+    headers = [(b"x-ratelimit-limit", b"1000000000"),
+               (b"x-ratelimit-remaining", b"999999999"),
+               (b"x-ratelimit-reset", b"1764460800"),
+               (b"x-ratelimit-policy", b'1000000000;w=60;comment="per minute"')]
+
+    async def wrapper(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), *headers]
+            await send(message)
+
+        await app(scope, receive, send_with_headers)
+
+    return wrapper
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -127,6 +155,11 @@ def _wait_for(port: int, proc: subprocess.Popen[bytes]) -> None:
     raise SystemExit(msg)
 
 
+SERVERS = {"auto": [], "h11": ["--http", "h11", "--loop", "asyncio"],
+           "httptools": ["--http", "httptools", "--loop", "uvloop"]}
+_server = "auto"  # set by main()
+
+
 def _serve(
     kind: str, redis_url: str, python: str, prefix: str = "bench:",
 ) -> tuple[subprocess.Popen[bytes], int]:
@@ -138,7 +171,7 @@ def _serve(
     proc = subprocess.Popen(
         [python, "-m", "uvicorn", "--factory", "--app-dir", str(Path(__file__).parent),
          "middleware:create_app", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--log-level", "warning", "--no-access-log", "--lifespan", "on"],
+         "--log-level", "warning", "--no-access-log", "--lifespan", "on", *SERVERS[_server]],
         env=env)
     _wait_for(port, proc)
     return proc, port
@@ -192,7 +225,7 @@ def measure(kind: str, redis_url: str, seconds: float, connections: int, python:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-        if kind not in ("bare", "memory", "quiet", "memory-tier"):
+        if kind not in ("bare", "headers", "memory", "quiet", "memory-tier"):
             _forget(redis_url, prefix)
 
 
@@ -321,15 +354,21 @@ def main() -> None:
     parser.add_argument("--no-round-trips", action="store_true",
                         help="skip counting Redis commands per request of redis-tier")
     parser.add_argument("--no-peers", action="store_true", help="skip the peer libraries")
+    parser.add_argument("--server", choices=sorted(SERVERS), default="auto",
+                        help="uvicorn's HTTP parser and loop: h11+asyncio (plain 'pip install "
+                             "uvicorn'), httptools+uvloop (uvicorn[standard]), or auto")
     parser.add_argument("apps", nargs="*", default=[])
     args = parser.parse_args()
     if not args.apps:
         args.apps = list(APPS) if args.no_peers else [*APPS, *PEERS]
+    global _server
+    _server = args.server
     tool = "wrk" if shutil.which("wrk") else "python load generator"
-    server = subprocess.run(
-        [args.python, "-c", "import importlib.util as u; print('httptools+uvloop' if "
-         "u.find_spec('httptools') and u.find_spec('uvloop') else 'h11+asyncio')"],
-        capture_output=True, text=True, check=True).stdout.strip()
+    server = {"h11": "h11+asyncio", "httptools": "httptools+uvloop"}.get(args.server) or (
+        subprocess.run(
+            [args.python, "-c", "import importlib.util as u; print('httptools+uvloop' if "
+             "u.find_spec('httptools') and u.find_spec('uvloop') else 'h11+asyncio')"],
+            capture_output=True, text=True, check=True).stdout.strip())
     print(f"# {tool}, {args.connections} connections, {args.seconds:g} s per run, "
           f"uvicorn 1 worker ({server}), best of {args.rounds}")
     results: dict[str, float] = {}
