@@ -178,6 +178,9 @@ class RateLimitMiddleware:
         # Memory storage with synchronous key and tier functions: decided without awaiting.
         self._sync = self._local is not None and not self._key_async and not self._resolver_async
         self._returns = _Returns(storage, max(1.0, settings.storage_timeout))
+        # Pipelined Redis with a timeout of its own bounds a release without our help.
+        self._queues_releases = (isinstance(storage, RedisStorage) and storage.pipeline
+                                 and storage.timeout is not None)
         self._routes = RouteTable(app, [*settings.build_routes(), *rules], settings.exempt_paths)
         self._lease = settings.concurrency_lease
         self._usage = settings.quota_history
@@ -344,21 +347,27 @@ class RateLimitMiddleware:
     async def _give_back(self, leases: tuple[Lease, ...], source: Source) -> None:
         """Return the request's concurrency slots to the storage that granted them.
 
-        Never raises: a slot that can't be given back expires with its lease. The
-        release runs in a task of its own (shared by the requests ending in the same
-        event-loop iteration), so a cancelled request can't cut it off.
+        Never raises: a slot that can't be given back expires with its lease. A
+        cancelled request can't cut the release off: pipelined Redis queues its ZREMs as
+        soon as ``release`` starts, and bounds their flush by its own timeout; any other
+        storage releases in a task of its own (shared by the requests ending in the same
+        event-loop iteration).
         """
         if self._local is not None:
-            await self._local.release(leases)  # never awaits: cancellation can't cut it
+            self._local.release_now(leases)
             return
         if source == "fallback" and self.guard is not None and self.guard.fallback is not None:
             await self.guard.fallback.release(leases)
             return
-        done = self._returns.submit(leases)
         task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            return  # the release goes on without us
+        cancelling = task is not None and task.cancelling()
         try:
+            if self._queues_releases and not cancelling:
+                await self.storage.release(leases)
+                return
+            done = self._returns.submit(leases)
+            if cancelling:
+                return  # the release goes on without us
             await asyncio.shield(done)
         except Exception as exc:
             _log.warning("ratelimit_mw: couldn't give back %d concurrency slot(s) (%s: %s); "
