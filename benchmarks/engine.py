@@ -21,6 +21,7 @@ import limits
 import limits.aio.storage as limits_storage
 import limits.aio.strategies as limits_strategies
 import redis.asyncio as aioredis
+from redis_count import ClientCommands  # benchmarks/ is on sys.path when run as a script
 
 from ratelimit_mw import ALGORITHM_NAMES, Hit, Limit, MemoryStorage, RedisStorage
 
@@ -116,21 +117,15 @@ async def redis_table(url: str, seconds: float) -> list[str]:
     bare = await rate_of(lambda key: client.evalsha(sha, 1, key), seconds, tasks=50)
     lines.append(row("bare redis-py EVALSHA (baseline)", bare, None))
 
-    sent = 0
-    original = client.execute_command
-
-    async def counting(*args: Any, **options: Any) -> Any:
-        nonlocal sent
-        sent += 1
-        return await original(*args, **options)
-
-    client.execute_command = counting  # type: ignore[method-assign]
     before = (await client.info("commandstats")).get("cmdstat_evalsha", {}).get("calls", 0)
-    for i in range(1000):
-        await storage.decide(f"count-{i % 10}", three)
+    with ClientCommands(url) as sent:
+        for i in range(1000):
+            await storage.decide(f"count-{i % 10}", three)
     after = (await client.info("commandstats")).get("cmdstat_evalsha", {}).get("calls", 0)
-    lines.append(f"\nRedis commands per decision with three limits: {(sent - 2) / 1000:g} sent "
-                 f"by the client, {(after - before) / 1000:g} EVALSHA counted by the server")
+    lines.append(f"\nRedis commands per decision with three limits: "
+                 f"{sum(sent.counts.values()) / 1000:g} sent by the client "
+                 f"({', '.join(sorted(sent.counts))}), "
+                 f"{(after - before) / 1000:g} EVALSHA counted by the server")
     names = [name async for name in client.scan_iter(match=prefix + "*", count=1000)]
     for start in range(0, len(names), 1000):
         await client.delete(*names[start:start + 1000])

@@ -37,11 +37,11 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
 
+from redis_count import ClientCommands  # benchmarks/ is on sys.path (script or --app-dir)
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -247,25 +247,6 @@ def _commands(client: object) -> dict[str, int]:
     return {name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()}
 
 
-def _watch(url: str, ready: threading.Event, sent: list[str]) -> None:
-    """Collect the commands clients send (not those run by scripts) until ECHO stop."""
-    import redis
-
-    client = redis.Redis.from_url(url)
-    try:
-        with client.monitor() as monitor:
-            ready.set()
-            while True:
-                command = monitor.next_command()
-                text = str(command["command"])
-                if text == "ECHO bench-stop":
-                    return
-                if command.get("client_type") != "lua":
-                    sent.append(text.split(" ", 1)[0].lower())
-    finally:
-        client.close()
-
-
 def round_trips(python: str, fallback_url: str, requests: int = 500) -> None:
     """Print the Redis round trips per request of ``redis-tier``, on a redis-server of
     our own so that no other client's commands are counted."""
@@ -284,7 +265,6 @@ def round_trips(python: str, fallback_url: str, requests: int = 500) -> None:
         print("# (no redis-server: counting on the shared Redis, other clients included)")
     client = redis.Redis.from_url(url)
     proc = None
-    sent: list[str] = []
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -297,16 +277,10 @@ def round_trips(python: str, fallback_url: str, requests: int = 500) -> None:
                 time.sleep(0.05)
         proc, port = _serve("redis-tier", url, python)
         asyncio.run(_python_load_count(port, 20, 1))  # warm up: the script gets loaded
-        ready = threading.Event()
-        watcher = threading.Thread(target=_watch, args=(url, ready, sent), daemon=True)
-        watcher.start()
-        ready.wait(10)
-        time.sleep(0.2)
-        before = _commands(client)
-        asyncio.run(_python_load_count(port, requests, 1))
-        after = _commands(client)
-        client.echo("bench-stop")
-        watcher.join(10)
+        with ClientCommands(url) as sent:
+            before = _commands(client)
+            asyncio.run(_python_load_count(port, requests, 1))
+            after = _commands(client)
     finally:
         if proc is not None:
             proc.terminate()
@@ -315,10 +289,7 @@ def round_trips(python: str, fallback_url: str, requests: int = 500) -> None:
         if own is not None:
             own.kill()
             own.wait(timeout=10)
-    counts: dict[str, int] = {}
-    for name in sent:
-        if name not in ("info", "echo", "hello", "client"):  # ours, and connection set-up
-            counts[name] = counts.get(name, 0) + 1
+    counts = sent.counts
     print(f"redis-tier, {requests} requests: round trips per request " + ", ".join(
         f"{name} {calls / requests:.2f}" for name, calls in sorted(counts.items())) +
         f"; total {sum(counts.values()) / requests:.2f} (target: 1 before the app, "
