@@ -153,3 +153,27 @@ async def test_leases_expire_in_order_when_the_clock_went_back(clock: FakeClock)
     assert view.decisions[0].remaining == 2
     await storage.release(first.leases)
     assert (await storage.peek("k", [slots])).decisions[0].remaining == 3
+
+
+@pytest.mark.redis
+async def test_redis_usage_buckets_expire_after_their_retention(
+    redis_url: str, redis_prefix: str,
+) -> None:
+    """Each usage bucket gets its time to live when it is created (end of the bucket plus
+    the retention), and keeps it while requests count into it."""
+    storage = RedisStorage.from_url(redis_url, prefix=redis_prefix,
+                                    usage_retention=UsageRetention(hours=2, days=3))
+    try:
+        for _ in range(3):
+            assert (await storage.decide("u", [], usage=True)).allowed
+        raw = storage.client
+        ttls = {}
+        for kind in ("h", "d"):
+            names = [name async for name in raw.scan_iter(match=f"{redis_prefix}*u:{kind}:*")]
+            assert len(names) == 1
+            assert int(await raw.get(names[0])) == 3
+            ttls[kind] = await raw.pttl(names[0])
+        assert 1 * HOUR * 1000 < ttls["h"] <= 2 * HOUR * 1000 + 1000
+        assert 2 * DAY * 1000 < ttls["d"] <= 3 * DAY * 1000 + 1000
+    finally:
+        await storage.close()

@@ -55,9 +55,12 @@ if admitted and ARGV[3] ~= "" then
     tonumber(string.sub(ARGV[3], comma + 1))
   local hour, day = idiv(now, HOUR), idiv(now, DAY)
   local hour_key, day_key = KEYS[n + 1] .. "h:" .. fmt(hour), KEYS[n + 1] .. "d:" .. fmt(day)
-  redis.call("INCR", hour_key)
-  redis.call("PEXPIRE", hour_key, math.ceil(((hour + hours) * HOUR - now) / 1000))
-  redis.call("INCR", day_key)
-  redis.call("PEXPIRE", day_key, math.ceil(((day + days) * DAY - now) / 1000))
+  -- A bucket's end of life is fixed when it is created: set it then, not per request.
+  if redis.call("INCR", hour_key) == 1 then
+    redis.call("PEXPIRE", hour_key, math.ceil(((hour + hours) * HOUR - now) / 1000))
+  end
+  if redis.call("INCR", day_key) == 1 then
+    redis.call("PEXPIRE", day_key, math.ceil(((day + days) * DAY - now) / 1000))
+  end
 end
 return reply
