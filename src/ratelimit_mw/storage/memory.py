@@ -112,19 +112,10 @@ class MemoryStorage(Storage):
         leases: tuple[Lease, ...] = ()
         if allowed:
             for hit, step in zip(hits, steps):  # noqa: B905 - one step per hit
-                if not hit.cost:
-                    continue
-                if entry is None:
-                    entry = self._insert(key, now)
-                state = step[4]
-                if hit.limit.is_concurrency:
-                    lease = Lease(key, hit.scope, hit.limit.uid, str(next(self._leases)))
-                    leases = (*leases, lease)
-                    state = with_lease(state, now, hit.limit.period_us, lease.id)
-                expires = now + step[2]
-                entry.cells[hit.slot] = (state, expires)
-                if expires > entry.expires:
-                    entry.expires = expires
+                if hit.cost:
+                    entry, lease = self._take(key, entry, hit, step[4], step[2], now)
+                    if lease is not None:
+                        leases = (*leases, lease)
             if usage:
                 if entry is None:
                     entry = self._insert(key, now)
@@ -155,16 +146,9 @@ class MemoryStorage(Storage):
         leases: tuple[Lease, ...] = ()
         if allowed:
             if hit.cost:
-                if entry is None:
-                    entry = self._insert(key, now)
-                if limit.is_concurrency:
-                    lease = Lease(key, hit.scope, limit.uid, str(next(self._leases)))
+                entry, lease = self._take(key, entry, hit, state, reset, now)
+                if lease is not None:
                     leases = (lease,)
-                    state = with_lease(state, now, limit.period_us, lease.id)
-                expires = now + reset
-                entry.cells[hit.slot] = (state, expires)
-                if expires > entry.expires:
-                    entry.expires = expires
             if usage:
                 if entry is None:
                     entry = self._insert(key, now)
@@ -173,6 +157,23 @@ class MemoryStorage(Storage):
             allowed, limit.capacity, remaining if remaining > 0 else 0, reset / 1_000_000,
             retry / 1_000_000 if retry >= 0 else NEVER, limit, hit.scope)),), leases,
             now / 1_000_000))
+
+    def _take(self, key: str, entry: _Entry | None, hit: Hit, state: Any, reset: int,
+              now: int) -> tuple[_Entry, Lease | None]:
+        """Keep an admitted hit's new state until it resets (with the slot it took, for
+        a concurrency limit); the identity's entry, created if new, and the lease."""
+        if entry is None:
+            entry = self._insert(key, now)
+        lease = None
+        limit = hit.limit
+        if limit.is_concurrency:
+            lease = _new(Lease, (key, hit.scope, limit.uid, str(next(self._leases))))
+            state = with_lease(state, now, limit.period_us, lease.id)
+        expires = now + reset
+        entry.cells[hit.slot] = (state, expires)
+        if expires > entry.expires:
+            entry.expires = expires
+        return entry, lease
 
     def _count(self, entry: _Entry, now: int) -> None:
         """Add one admitted request to the hour and day buckets of ``now``."""
