@@ -654,10 +654,13 @@ class _Complaints:
                    exc_info=last is None)
 
 
+_RESPONSE_STARTS = frozenset(("http.response.start", "websocket.http.response.start"))
+
+
 def _adding(send: Send, headers: list[Header]) -> Send:
     """``send`` that appends ``headers`` to the response start (bodies stream untouched)."""
     async def send_with_headers(message: Message) -> None:
-        if message["type"] == "http.response.start":
+        if message["type"] in _RESPONSE_STARTS:
             message["headers"] = [*message.get("headers", ()), *headers]
         await send(message)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import os
 import secrets
 from collections.abc import Callable, Sequence
@@ -33,8 +34,9 @@ from .wire import exchange, pack_plan, pack_release
 __all__ = ["RedisStorage", "decide_script_source"]
 
 _Kind = Literal["decide", "release"]
-_Queued = tuple[_Kind, bytes, "asyncio.Future[Any]"]
-"""A packed command waiting for the next pipeline flush, and the future of its reply."""
+_Queued = tuple[_Kind, bytes, "asyncio.Future[Any]", float]
+"""A packed command waiting for the next pipeline flush, the future of its reply, and
+when its caller stops waiting (loop time; inf: never)."""
 
 # RedisClusterException (no topology, slot not covered) is not a RedisError.
 _FAILURES = (redis_errors.RedisError, redis_errors.RedisClusterException, OSError,
@@ -79,7 +81,7 @@ class RedisStorage(Storage):
     Errors are raised as ``StorageError``; what to do then is the caller's policy.
     """
 
-    __slots__ = ("_batch", "_client", "_clock", "_deadline", "_encode", "_flushes",
+    __slots__ = ("_batch", "_client", "_clock", "_encode", "_flushes",
                  "_owns_client", "_script", "pipeline", "prefix", "retention", "timeout")
 
     def __init__(
@@ -105,7 +107,6 @@ class RedisStorage(Storage):
                    f"{type(client).__name__}; leave pipeline unset for Redis Cluster")
             raise ConfigError(msg)
         self._batch: list[_Queued] = []
-        self._deadline: float | None = None
         self._flushes: set[asyncio.Task[None]] = set()
         self.retention = UsageRetention(*usage_retention).check()
         self._client = client
@@ -203,35 +204,43 @@ class RedisStorage(Storage):
     def _queue(self, kind: _Kind, command: bytes, timeout: float | None = None,
                ) -> asyncio.Future[Any]:
         """Queue one command for the next flush (queued at once, so a caller cancelled
-        right after still has its command sent); the batch must be answered within the
-        storage's timeout and the shortest ``timeout`` of its commands."""
+        right after still has its command sent). Its caller waits ``timeout`` seconds
+        at most (default: the storage's timeout; a release at least 1 s, as a slot not
+        given back stays taken for its whole lease)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         if not self._batch:
             loop.call_soon(self._flush, loop)
-            self._deadline = None if self.timeout is None else loop.time() + self.timeout
-        self._batch.append((kind, command, future))
-        if timeout is not None:
-            deadline = loop.time() + timeout
-            if self._deadline is None or deadline < self._deadline:
-                self._deadline = deadline
+        wait = self.timeout if timeout is None else timeout
+        if kind == "release" and wait is not None:
+            wait = max(1.0, wait)
+        self._batch.append((kind, command, future,
+                            math.inf if wait is None else loop.time() + wait))
         return future
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
-        batch, deadline = self._batch, self._deadline
-        self._batch, self._deadline = [], None
-        task = loop.create_task(self._send(batch, deadline))
+        batch, self._batch = self._batch, []
+        task = loop.create_task(self._send(batch))
         self._flushes.add(task)  # a reference, so the task is not collected mid-flight
         task.add_done_callback(self._flushes.discard)
 
-    async def _send(self, batch: list[_Queued], deadline: float | None) -> None:
+    async def _send(self, batch: list[_Queued]) -> None:
         """One round trip for the whole batch; NOSCRIPT (a restarted Redis) loads the
-        script again and re-runs only the decisions that missed it. Past the deadline the
-        batch is cut off and every caller still waiting gets a TimeoutError."""
-        timer = asyncio.timeout_at(deadline)
-        bounded = deadline is not None
+        script again and re-runs only the decisions that missed it.
+
+        A caller still waiting at its deadline gets a TimeoutError, but the exchange goes
+        on: the connection (perhaps still being set up) stays usable for the next batch.
+        Only far past the last deadline (ten times the wait, at least a second) is the
+        exchange cut off and its connection closed.
+        """
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        latest = max(deadline for *_, deadline in batch)
+        bounded = latest != math.inf
+        timer = _Expiry(loop, batch)
         try:
-            async with timer:
+            async with asyncio.timeout_at(
+                    latest + max(1.0, 10 * (latest - start)) if bounded else None):
                 replies = await self._pipelined(batch, bounded)
                 missed = [i for i, reply in enumerate(replies)
                           if isinstance(reply, redis_errors.NoScriptError)]
@@ -241,19 +250,19 @@ class RedisStorage(Storage):
                     for i, reply in zip(missed, again, strict=True):
                         replies[i] = reply
         except BaseException as exc:  # handed to every waiter, then re-raised if not an error
-            error = TimeoutError("redis did not answer within the storage timeout"
-                                 ) if timer.expired() else exc
-            for *_, future in batch:
+            for _, _, future, _ in batch:
                 if future.done():
                     continue
-                if isinstance(error, asyncio.CancelledError):
+                if isinstance(exc, asyncio.CancelledError):
                     future.cancel()
                 else:
-                    future.set_exception(error)
-            if not isinstance(error, Exception):
+                    future.set_exception(exc)
+            if not isinstance(exc, Exception):
                 raise
             return
-        for (*_, future), reply in zip(batch, replies, strict=True):
+        finally:
+            timer.cancel()
+        for (_, _, future, _), reply in zip(batch, replies, strict=True):
             if future.done():
                 continue  # its caller gave up (a timeout); the command stands
             if isinstance(reply, Exception):
@@ -265,7 +274,7 @@ class RedisStorage(Storage):
         """The batch's commands in one write on one connection; its replies in order
         (``bounded``: under a deadline, see ``exchange``)."""
         return await exchange(self._client.connection_pool,
-                              [command for _, command, _ in batch], bounded=bounded)
+                              [command for _, command, _, _ in batch], bounded=bounded)
 
     async def release(self, leases: Sequence[Lease]) -> None:
         """Give slots back: one ZREM each, in the next pipeline flush with the decisions
@@ -325,6 +334,35 @@ class RedisStorage(Storage):
     async def close(self) -> None:
         if self._owns_client:
             await self._client.aclose()
+
+
+class _Expiry:
+    """Fails the futures of a batch whose callers' deadlines pass, one timer at a time
+    (the earliest deadline still waited for)."""
+
+    __slots__ = ("_batch", "_handle", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, batch: list[_Queued]) -> None:
+        self._loop = loop
+        self._batch = batch
+        self._handle: asyncio.TimerHandle | None = None
+        self._arm()
+
+    def _arm(self) -> None:
+        waiting = [deadline for _, _, future, deadline in self._batch
+                   if not future.done() and deadline != math.inf]
+        self._handle = self._loop.call_at(min(waiting), self._fire) if waiting else None
+
+    def _fire(self) -> None:
+        now = self._loop.time()
+        for _, _, future, deadline in self._batch:
+            if deadline <= now and not future.done():
+                future.set_exception(TimeoutError("redis did not answer within the timeout"))
+        self._arm()
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
 
 
 @lru_cache(maxsize=4096)

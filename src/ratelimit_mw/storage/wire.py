@@ -9,6 +9,7 @@ then goes out in one write on one connection and its replies are read in order
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from functools import lru_cache
 from inspect import Parameter, signature
@@ -113,5 +114,16 @@ async def exchange(pool: ConnectionPool, commands: Sequence[bytes], *,
         raise
     finally:
         connection.socket_timeout = socket_timeout
-        await pool.release(connection)
+        try:
+            await pool.release(connection)
+        except asyncio.CancelledError:
+            # Cut off while waiting for the pool's lock (nothing moved yet): give the
+            # connection back all the same, or the pool would shrink for good.
+            _releases.add(task := asyncio.ensure_future(pool.release(connection)))
+            task.add_done_callback(_releases.discard)
+            raise
     return replies
+
+
+_releases: set[asyncio.Future[None]] = set()
+"""Connections being given back after a cancellation (a reference keeps each task)."""
