@@ -415,6 +415,8 @@ class RateLimitMiddleware:
             enforced, source = await guard.decide(key, plan.enforced, usage=self._usage)
             verdict = _with_shadowed(plan, verdict, enforced)
         refused = not verdict.allowed and not self._shadow
+        if refused and plan.shadow:
+            verdict = _enforced_denial(plan, verdict)
         # Only the shared storage's denials are cached: a fallback's are local guesses.
         # A full concurrency slot may free any moment: never cached.
         if (refused and self._blocked_size and source == "storage"
@@ -430,8 +432,10 @@ class RateLimitMiddleware:
         if not verdict.allowed and not self._shadow and plan.shadow_only(verdict):
             verdict = _with_shadowed(
                 plan, verdict, local.decide_now(key, plan.enforced, usage=self._usage))
-        return self._finish(key, plan, verdict, "storage",
-                            not verdict.allowed and not self._shadow,
+        refused = not verdict.allowed and not self._shadow
+        if refused and plan.shadow:
+            verdict = _enforced_denial(plan, verdict)
+        return self._finish(key, plan, verdict, "storage", refused,
                             verdict.at)  # type: ignore[arg-type]
 
     def _from_blocked(self, key: str, plan: Plan, blocked: _Blocked, now: float) -> _Outcome:
@@ -611,6 +615,17 @@ def _with_shadowed(plan: Plan, verdict: Verdict, enforced: Verdict | None) -> Ve
     return Verdict(enforced.allowed, tuple(
         d if (d.scope, d.policy) in shadow else next(counted) for d in verdict.decisions),
         enforced.leases, enforced.at)
+
+
+def _enforced_denial(plan: Plan, verdict: Verdict) -> Verdict:
+    """A refused verdict as its enforced limits see it: a shadow limit that also denied
+    sets neither Retry-After, nor the reported policy, nor how long the key stays
+    cached as blocked (it is reported as admitting, with what it has left)."""
+    shadow = plan.shadow
+    return verdict._replace(decisions=tuple(
+        d._replace(allowed=True, retry_after=0.0)
+        if not d.allowed and (d.scope, d.policy) in shadow else d
+        for d in verdict.decisions))
 
 
 def _slot_denied(verdict: Verdict) -> bool:

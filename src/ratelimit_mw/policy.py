@@ -99,6 +99,10 @@ class Limit:
     def __hash__(self) -> int:
         return self._hash
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt, not copied: the cached hash is only valid in the process that made it.
+        return (Limit, (self.rate, self.algorithm, self.burst, self.name))
+
     @classmethod
     def parse(
         cls, rate: str | Rate, algorithm: str = "sliding_window", *,

@@ -181,6 +181,10 @@ class RateLimitSettings(BaseSettings):
                    f"got {self.concurrency_lease!r}")
             raise ConfigError(msg)
         UsageRetention(self.usage_retention_hours, self.usage_retention_days).check()
+        if self.partition_key and "draft-11" not in parse_header_style(self.header_style):
+            msg = (f"partition_key adds pk to draft-11's RateLimit header, but header_style "
+                   f"is {self.header_style!r}; use 'draft-11' or 'legacy+draft-11'")
+            raise ConfigError(msg)
         if not 1 <= self.ipv6_prefix <= 128:
             msg = f"ipv6_prefix must be from 1 to 128, got {self.ipv6_prefix}"
             raise ConfigError(msg)

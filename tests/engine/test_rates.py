@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -128,3 +129,21 @@ def test_uid_ignores_the_display_name() -> None:
     """Counters are identified by shape, so renaming a policy keeps its counter."""
     assert Limit.parse("5/minute", name="a").uid == Limit.parse("5/minute", name="b").uid
     assert Limit.parse("5/minute").uid != Limit.parse("5/minute", "fixed_window").uid
+
+
+def test_a_limit_unpickled_in_another_process_hashes_like_a_fresh_one() -> None:
+    """Limits key dicts and sets (policy names, shadow limits): one pickled under another
+    string-hash seed must hash like the same limit built here."""
+    import pickle
+    import subprocess
+    import sys
+
+    code = ("import pickle, sys; from ratelimit_mw import Limit; "
+            "sys.stdout.buffer.write(pickle.dumps(Limit.parse('5/minute', 'token_bucket', "
+            "burst=9, name='burst')))")
+    for seed in ("1", "2"):
+        data = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True,
+                              env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+        limit = pickle.loads(data)
+        fresh = Limit.parse("5/minute", "token_bucket", burst=9, name="burst")
+        assert limit == fresh and hash(limit) == hash(fresh) and limit in {fresh}

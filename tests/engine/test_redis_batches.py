@@ -171,6 +171,28 @@ async def test_the_guard_leaves_the_timeout_to_redis_storage(
         await storage.close()
 
 
+async def test_a_subclass_overriding_decide_is_timed_by_the_guard(
+    redis_url: str, redis_prefix: str,
+) -> None:
+    """A RedisStorage subclass whose decide has the plain Storage signature (no timeout
+    keyword) still decides through the guard, which times it itself."""
+    calls = []
+
+    class Traced(RedisStorage):
+        async def decide(self, key: str, hits: Sequence[Hit], *,
+                         usage: bool = False) -> Verdict:
+            calls.append(key)
+            return await super().decide(key, hits, usage=usage)
+
+    storage = Traced(aioredis.Redis.from_url(redis_url), prefix=redis_prefix, owns_client=True)
+    try:
+        verdict, source = await StorageGuard(storage, timeout=0.5).decide("k", [HIT])
+        assert source == "storage" and verdict is not None and verdict.allowed
+        assert calls == ["k"]
+    finally:
+        await storage.close()
+
+
 async def test_the_guard_bound_holds_on_a_frozen_redis() -> None:
     """A frozen Redis behind the guard costs about the guard's timeout, then the policy
     answers."""

@@ -436,6 +436,19 @@ async def test_websocket_denial_response_where_the_server_offers_it(
     assert body["type"] == "websocket.http.response.body"
     assert json.loads(body["body"])["error"] == "rate_limit_exceeded"
 
+    # A custom denial response (Starlette sends it as a websocket denial itself) gets the
+    # same rate-limit headers.
+    from starlette.responses import PlainTextResponse
+
+    app = make_app([WebSocketRoute("/ws", chat)], tiers=[Tier("t", "1/minute")],
+                   storage=memory, clock=clock, limit_websockets=True,
+                   on_denied=lambda scope, denial: PlainTextResponse("slow down", 429))
+    start, body = await connect()
+    assert start["type"] == "websocket.http.response.start" and start["status"] == 429
+    headers = dict(start["headers"])
+    assert int(headers[b"retry-after"]) > 0 and headers[b"x-ratelimit-remaining"] == b"0"
+    assert body["body"] == b"slow down"
+
 
 async def in_flight_is(storage: MemoryStorage, expected: int) -> bool:
     return await in_flight(storage, 1) == expected

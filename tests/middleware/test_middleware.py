@@ -299,6 +299,27 @@ async def test_shadow_limit_reports_but_enforced_limit_counts(
     assert '"loose";r=0' in last.headers["ratelimit"]
 
 
+async def test_a_shadow_limit_does_not_set_the_wait_of_a_real_denial(
+    clock: FakeClock, memory: MemoryStorage,
+) -> None:
+    """When an enforced limit denies, a shadow limit that also denies changes neither
+    Retry-After nor the reported policy: the client is told the enforced limit's wait."""
+    tier = Tier("t", [Limit.parse("2/minute", "fixed_window", name="minute"),
+                      Limit.parse("1/hour", "fixed_window", name="hour")],
+                shadow=frozenset({"hour"}))
+    app = make_app(tiers=[tier], storage=memory, clock=clock)
+    async with client_for(app) as client:
+        codes = [(await client.get("/")).status_code for _ in range(2)]
+        denied = await client.get("/")
+    assert codes == [200, 200]
+    assert denied.status_code == 429
+    assert 0 < int(denied.headers["retry-after"]) <= 60
+    assert denied.headers["x-ratelimit-policy"].startswith("2;w=60")
+    body = denied.json()
+    assert (body["limit"], body["window"]) == (2, "60s")
+    assert body["retry_after_seconds"] == int(denied.headers["retry-after"])
+
+
 async def test_decision_hook_sees_every_decision(clock: FakeClock, memory: MemoryStorage) -> None:
     """on_decision receives one event per limited request, refused or not (memory
     storage decides every one; a shared storage's blocked keys are answered locally)."""

@@ -131,3 +131,10 @@ async def test_middleware_reads_toml_settings(
         response = await client.get("/")
     assert response.headers["ratelimit-policy"] == (
         '"burst";q=20;w=60,"daily";q=1000;w=86400,"concurrent";q=4;qu="concurrent-requests"')
+
+
+def test_partition_key_needs_draft11() -> None:
+    """pk only exists in draft-11's RateLimit header: asking for it otherwise is refused."""
+    with pytest.raises(ValidationError, match=r"partition_key.*'legacy'"):
+        RateLimitSettings(partition_key=True)
+    assert RateLimitSettings(partition_key=True, header_style="legacy+draft-11").partition_key
