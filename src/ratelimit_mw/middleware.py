@@ -170,7 +170,11 @@ class RateLimitMiddleware:
         if storage is None:
             storage = _storage_from(settings, clock)
         self.storage = storage
-        self._local = storage if isinstance(storage, MemoryStorage) else None
+        # Memory storage is decided in place, without awaiting (a subclass that overrides
+        # decide or release goes the way of any other storage, so its overrides run).
+        self._local = storage if (
+            isinstance(storage, MemoryStorage) and type(storage).decide is MemoryStorage.decide
+            and type(storage).release is MemoryStorage.release) else None
         self.guard = None if self._local is not None else StorageGuard(
             storage, mode=settings.failure_mode, timeout=settings.storage_timeout,
             recovery_interval=settings.recovery_interval, breaker=breaker, clock=clock)

@@ -16,7 +16,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from ratelimit_mw import Hit, Limit, MemoryStorage, Verdict
+from ratelimit_mw import Hit, Lease, Limit, MemoryStorage, Verdict
 from ratelimit_mw.events import DecisionEvent
 from ratelimit_mw.middleware import RateLimitMiddleware
 from ratelimit_mw.responses import Denial
@@ -318,6 +318,28 @@ async def test_a_shadow_limit_does_not_set_the_wait_of_a_real_denial(
     body = denied.json()
     assert (body["limit"], body["window"]) == (2, "60s")
     assert body["retry_after_seconds"] == int(denied.headers["retry-after"])
+
+
+async def test_a_memory_storage_subclass_keeps_its_overrides(clock: FakeClock) -> None:
+    """A MemoryStorage subclass that overrides decide and release (tracing, say) has them
+    called, rather than the in-place fast path."""
+    calls: list[str] = []
+
+    class Traced(MemoryStorage):
+        async def decide(self, key: str, hits: Sequence[Hit], *,
+                         usage: bool = False) -> Verdict:
+            calls.append("decide")
+            return await super().decide(key, hits, usage=usage)
+
+        async def release(self, leases: Sequence[Lease]) -> None:
+            calls.append("release")
+            await super().release(leases)
+
+    app = make_app(tiers=[Tier("t", "5/minute", concurrency=2)], storage=Traced(clock=clock),
+                   clock=clock)
+    async with client_for(app) as client:
+        assert (await client.get("/")).status_code == 200
+    assert calls == ["decide", "release"]
 
 
 async def test_decision_hook_sees_every_decision(clock: FakeClock, memory: MemoryStorage) -> None:
