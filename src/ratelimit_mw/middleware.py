@@ -184,7 +184,8 @@ class RateLimitMiddleware:
         self._returns = _Returns(storage, max(1.0, settings.storage_timeout))
         # Pipelined Redis with a timeout of its own bounds a release without our help.
         self._queues_releases = (isinstance(storage, RedisStorage) and storage.pipeline
-                                 and storage.timeout is not None)
+                                 and storage.timeout is not None
+                                 and type(storage).release is RedisStorage.release)
         self._routes = RouteTable(app, [*settings.build_routes(), *rules], settings.exempt_paths)
         self._lease = settings.concurrency_lease
         self._usage = settings.quota_history
@@ -419,6 +420,7 @@ class RateLimitMiddleware:
             enforced, source = await guard.decide(key, plan.enforced, usage=self._usage)
             verdict = _with_shadowed(plan, verdict, enforced)
         refused = not verdict.allowed and not self._shadow
+        seen = verdict  # for the log line and the metrics hook, shadow denials included
         if refused and plan.shadow:
             verdict = _enforced_denial(plan, verdict)
         # Only the shared storage's denials are cached: a fallback's are local guesses.
@@ -427,7 +429,7 @@ class RateLimitMiddleware:
                 and math.isfinite(verdict.retry_after)
                 and not (plan.concurrent and _slot_denied(verdict))):
             self._remember_blocked(key, plan, verdict, now)
-        return self._finish(key, plan, verdict, source, refused, now)
+        return self._finish(key, plan, verdict, source, refused, now, seen=seen)
 
     def _decide_local(self, key: str, plan: Plan) -> _Outcome:
         """The decision on memory storage, which never awaits."""
@@ -437,10 +439,11 @@ class RateLimitMiddleware:
             verdict = _with_shadowed(
                 plan, verdict, local.decide_now(key, plan.enforced, usage=self._usage))
         refused = not verdict.allowed and not self._shadow
+        seen = verdict
         if refused and plan.shadow:
             verdict = _enforced_denial(plan, verdict)
         return self._finish(key, plan, verdict, "storage", refused,
-                            verdict.at)  # type: ignore[arg-type]
+                            verdict.at, seen=seen)  # type: ignore[arg-type]
 
     def _from_blocked(self, key: str, plan: Plan, blocked: _Blocked, now: float) -> _Outcome:
         """The answer for a key known to be over its limit, without the storage.
@@ -470,8 +473,16 @@ class RateLimitMiddleware:
         blocked[(key, plan)] = _Blocked(verdict, now)
 
     def _finish(self, key: str, plan: Plan, verdict: Verdict | None, source: Source,
-                refused: bool, now: float, blocked: _Blocked | None = None) -> _Outcome:
-        """Headers, the denial log line and the metrics hook, for one decision."""
+                refused: bool, now: float, blocked: _Blocked | None = None, *,
+                seen: Verdict | None = None) -> _Outcome:
+        """Headers, the denial log line and the metrics hook, for one decision.
+
+        ``seen``: the verdict as decided, for the metrics hook, when ``verdict`` is what
+        the client is told and the log says (a real denial, without the shadow limits'
+        say).
+        """
+        if seen is None:
+            seen = verdict
         headers: list[Header] = []
         if verdict is not None:
             if verdict.at is not None:
@@ -485,10 +496,14 @@ class RateLimitMiddleware:
             if not verdict.allowed:
                 log_denial(key, plan.tier.name, plan.route.label, verdict,
                            shadow=not refused, source=source)
+            elif plan.shadow and not all(d.allowed for d in verdict.decisions):
+                # Only shadow limits denied: a shadow denial, logged, let through.
+                log_denial(key, plan.tier.name, plan.route.label, Verdict(False, tuple(
+                    d for d in verdict.decisions if not d.allowed)), shadow=True, source=source)
         if self._on_decision is not None:
             shadow = verdict is not None and not verdict.allowed and not refused
             call_hook(self._on_decision, DecisionEvent(
-                key, plan.tier.name, plan.route.label, source, verdict, refused, shadow))
+                key, plan.tier.name, plan.route.label, source, seen, refused, shadow))
         return _new(_Outcome, (key, plan, verdict, source, refused, headers, now, blocked))
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, outcome: _Outcome) -> None:

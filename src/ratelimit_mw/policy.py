@@ -101,7 +101,7 @@ class Limit:
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Rebuilt, not copied: the cached hash is only valid in the process that made it.
-        return (Limit, (self.rate, self.algorithm, self.burst, self.name))
+        return (type(self), (self.rate, self.algorithm, self.burst, self.name))
 
     @classmethod
     def parse(

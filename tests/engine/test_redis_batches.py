@@ -270,3 +270,27 @@ class _Answering(Storage):
 
     async def reset(self, key: str) -> None:
         return None
+
+
+async def test_a_decision_its_caller_gave_up_on_is_not_sent(
+    redis_url: str, redis_prefix: str,
+) -> None:
+    """A decision still waiting for a connection when its caller's deadline passes is
+    dropped: the failure policy answered that request, so Redis neither counts it nor
+    holds a concurrency slot for it."""
+    storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, timeout=0.05,
+                                    max_connections=1)
+    pool = storage.client.connection_pool
+    busy = await pool.get_connection()  # type: ignore[no-untyped-call]  # the only one
+    try:
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.3, lambda: asyncio.ensure_future(pool.release(busy)))
+        slot = Hit(Limit.concurrency(1, lease=30))
+        with pytest.raises(StorageError):
+            await storage.decide("user", [slot])
+        await asyncio.sleep(0.5)  # the connection is free again; the batch has gone
+        verdict = await storage.decide("user", [slot], timeout=1)
+        assert verdict.allowed
+        assert verdict.decisions[0].remaining == 0  # only this request holds the slot
+    finally:
+        await storage.close()

@@ -484,13 +484,17 @@ async def test_redis_gone_before_release_is_logged_not_raised(
     """Redis stops while a request holds its slot: the response is still sent, and the
     failed give-back is a warning (the lease frees the slot)."""
     gate = Gate()
+    storage = RedisStorage.from_url(redis_server.url, timeout=0.5)
     app = make_app(gate.routes(), tiers=[Tier("t", "100/minute", concurrency=1)],
-                   storage_url=redis_server.url, storage_timeout=0.5)
-    async with client_for(app) as client:
-        held = asyncio.ensure_future(client.get("/wait"))
-        await until(lambda: _true(gate.entered == 1))
-        redis_server.stop()
-        gate.open.set()
-        response = await held
+                   storage=storage, storage_timeout=0.5)
+    try:
+        async with client_for(app) as client:
+            held = asyncio.ensure_future(client.get("/wait"))
+            await until(lambda: _true(gate.entered == 1))
+            redis_server.stop()
+            gate.open.set()
+            response = await held
+    finally:
+        await storage.close()
     assert response.status_code == 200
     assert "couldn't give back 1 concurrency slot(s)" in caplog.text

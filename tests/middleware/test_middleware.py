@@ -285,18 +285,23 @@ async def test_global_shadow_never_blocks(
 
 
 async def test_shadow_limit_reports_but_enforced_limit_counts(
-    clock: FakeClock, memory: MemoryStorage,
+    clock: FakeClock, memory: MemoryStorage, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A shadow limit never blocks, and requests it would deny still count on the others."""
+    """A shadow limit never blocks, and requests it would deny still count on the others;
+    each request it would deny is logged as a shadow denial of that limit."""
     tier = Tier("t", [Limit.parse("2/minute", "fixed_window", name="strict"),
                       Limit.parse("4/minute", "fixed_window", name="loose")],
                 shadow=frozenset({"strict"}))
     app = make_app(tiers=[tier], storage=memory, clock=clock, header_style="draft-11")
-    async with client_for(app) as client:
-        codes = [(await client.get("/")).status_code for _ in range(5)]
-        last = await client.get("/")
+    with caplog.at_level(logging.INFO, logger="ratelimit_mw"):
+        async with client_for(app) as client:
+            codes = [(await client.get("/")).status_code for _ in range(5)]
+            last = await client.get("/")
     assert codes == [200, 200, 200, 200, 429]
     assert '"loose";r=0' in last.headers["ratelimit"]
+    logged = [r.ratelimit for r in caplog.records if hasattr(r, "ratelimit")]  # type: ignore[attr-defined]
+    assert [(f["policy"], f["shadow"]) for f in logged] == [
+        ("strict", True), ("strict", True), ("loose", False), ("loose", False)]
 
 
 async def test_a_shadow_limit_does_not_set_the_wait_of_a_real_denial(

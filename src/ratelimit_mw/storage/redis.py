@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.connection import Connection
 from redis.commands.core import AsyncScript
 
 from ..decision import Lease, Verdict
@@ -29,7 +30,7 @@ from .base import (
     merge_hits,
 )
 from .keys import check_prefix, encode_part, identity_tag
-from .wire import exchange, pack_plan, pack_release
+from .wire import checkout, exchange, pack_plan, pack_release
 
 __all__ = ["RedisStorage", "decide_script_source"]
 
@@ -204,14 +205,15 @@ class RedisStorage(Storage):
     def _queue(self, kind: _Kind, command: bytes, timeout: float | None = None,
                ) -> asyncio.Future[Any]:
         """Queue one command for the next flush (queued at once, so a caller cancelled
-        right after still has its command sent). Its caller waits ``timeout`` seconds
-        at most (default: the storage's timeout; a release at least 1 s, as a slot not
+        right after still has its command sent). Its caller waits at most the shorter of
+        ``timeout`` and the storage's timeout (a release at least 1 s, as a slot not
         given back stays taken for its whole lease)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         if not self._batch:
             loop.call_soon(self._flush, loop)
-        wait = self.timeout if timeout is None else timeout
+        wait = timeout if self.timeout is None else (
+            self.timeout if timeout is None else min(timeout, self.timeout))
         if kind == "release" and wait is not None:
             wait = max(1.0, wait)
         self._batch.append((kind, command, future,
@@ -238,15 +240,19 @@ class RedisStorage(Storage):
         latest = max(deadline for *_, deadline in batch)
         bounded = latest != math.inf
         timer = _Expiry(loop, batch)
+        pool = self._client.connection_pool
+        connection = None
         try:
             async with asyncio.timeout_at(
                     latest + max(1.0, 10 * (latest - start)) if bounded else None):
-                replies = await self._pipelined(batch, bounded)
+                connection = await checkout(pool)
+                replies = await self._pipelined(batch, connection, bounded)
                 missed = [i for i, reply in enumerate(replies)
-                          if isinstance(reply, redis_errors.NoScriptError)]
+                          if isinstance(reply, redis_errors.NoScriptError)
+                          and not batch[i][2].done()]
                 if missed:
                     await self._client.script_load(self._script.script)
-                    again = await self._pipelined([batch[i] for i in missed], bounded)
+                    again = await self._pipelined([batch[i] for i in missed], connection, bounded)
                     for i, reply in zip(missed, again, strict=True):
                         replies[i] = reply
         except BaseException as exc:  # handed to every waiter, then re-raised if not an error
@@ -262,6 +268,8 @@ class RedisStorage(Storage):
             return
         finally:
             timer.cancel()
+            if connection is not None:  # outside the deadline: a release is never cut off
+                await pool.release(connection)
         for (_, _, future, _), reply in zip(batch, replies, strict=True):
             if future.done():
                 continue  # its caller gave up (a timeout); the command stands
@@ -270,11 +278,23 @@ class RedisStorage(Storage):
             else:
                 future.set_result(reply)
 
-    async def _pipelined(self, batch: list[_Queued], bounded: bool = False) -> list[Any]:
-        """The batch's commands in one write on one connection; its replies in order
-        (``bounded``: under a deadline, see ``exchange``)."""
-        return await exchange(self._client.connection_pool,
-                              [command for _, command, _, _ in batch], bounded=bounded)
+    async def _pipelined(self, batch: list[_Queued], connection: Connection,
+                         bounded: bool = False) -> list[Any]:
+        """The batch's commands in one write on ``connection``; its replies in order
+        (``bounded``: under a deadline, see ``exchange``).
+
+        A decision whose caller stopped waiting before the connection was ready is not
+        sent (its reply is None): the failure policy has answered that request, so Redis
+        must not count it, nor hold a slot for it. Slots given back always go.
+        """
+        live = [i for i, (kind, _, future, _) in enumerate(batch)
+                if kind == "release" or not future.done()]
+        replies: list[Any] = [None] * len(batch)
+        if live:
+            got = await exchange(connection, [batch[i][1] for i in live], bounded=bounded)
+            for i, reply in zip(live, got, strict=True):
+                replies[i] = reply
+        return replies
 
     async def release(self, leases: Sequence[Lease]) -> None:
         """Give slots back: one ZREM each, in the next pipeline flush with the decisions
@@ -332,6 +352,13 @@ class RedisStorage(Storage):
             return False
 
     async def close(self) -> None:
+        """Stop the batches still in flight (a batch whose callers gave up may run on
+        for its grace period), then close the client if it is ours."""
+        flushes = list(self._flushes)
+        for task in flushes:
+            task.cancel()
+        if flushes:
+            await asyncio.gather(*flushes, return_exceptions=True)
         if self._owns_client:
             await self._client.aclose()
 

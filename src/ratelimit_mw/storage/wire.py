@@ -9,19 +9,18 @@ then goes out in one write on one connection and its replies are read in order
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from functools import lru_cache
 from inspect import Parameter, signature
 from typing import Any, NamedTuple
 
-from redis.asyncio.connection import ConnectionPool
+from redis.asyncio.connection import Connection, ConnectionPool
 from redis.exceptions import ResponseError
 
 from ..policy import Hit
 from .keys import encode_part
 
-__all__ = ["PackedPlan", "bulk", "exchange", "pack_plan", "pack_release"]
+__all__ = ["PackedPlan", "bulk", "checkout", "exchange", "pack_plan", "pack_release"]
 
 
 def bulk(value: bytes) -> bytes:
@@ -86,18 +85,22 @@ def _pool_arguments() -> tuple[str, ...]:
 _POOL_ARGUMENTS = _pool_arguments()
 
 
-async def exchange(pool: ConnectionPool, commands: Sequence[bytes], *,
+async def checkout(pool: ConnectionPool) -> Connection:
+    """A connection of ``pool``, connected (give it back with ``pool.release``)."""
+    return await pool.get_connection(*_POOL_ARGUMENTS)  # type: ignore[no-untyped-call,no-any-return]
+
+
+async def exchange(connection: Connection, commands: Sequence[bytes], *,
                    bounded: bool = False) -> list[Any]:
-    """Write ``commands`` on one connection of ``pool`` at once, then read their replies.
+    """Write ``commands`` on ``connection`` at once, then read their replies.
 
     An error reply (``NOSCRIPT``, say) takes its command's place in the list rather
     than being raised. Anything else that interrupts the exchange (a lost connection,
-    a cancellation at the deadline) closes the connection before it goes back to the
-    pool, so that no later command reads a reply meant for this batch. When the caller
-    ``bounded`` the whole exchange with a deadline, the connection's socket timeout (a
-    timer for the write, and one per reply) is set aside meanwhile.
+    a cancellation at the deadline) closes the connection, so that no later command
+    reads a reply meant for this batch. When the caller ``bounded`` the whole exchange
+    with a deadline, the connection's socket timeout (a timer for the write, and one
+    per reply) is set aside meanwhile.
     """
-    connection = await pool.get_connection(*_POOL_ARGUMENTS)  # type: ignore[no-untyped-call]
     socket_timeout = connection.socket_timeout
     try:
         if bounded:
@@ -114,16 +117,4 @@ async def exchange(pool: ConnectionPool, commands: Sequence[bytes], *,
         raise
     finally:
         connection.socket_timeout = socket_timeout
-        try:
-            await pool.release(connection)
-        except asyncio.CancelledError:
-            # Cut off while waiting for the pool's lock (nothing moved yet): give the
-            # connection back all the same, or the pool would shrink for good.
-            _releases.add(task := asyncio.ensure_future(pool.release(connection)))
-            task.add_done_callback(_releases.discard)
-            raise
     return replies
-
-
-_releases: set[asyncio.Future[None]] = set()
-"""Connections being given back after a cancellation (a reference keeps each task)."""
