@@ -294,3 +294,22 @@ async def test_a_decision_its_caller_gave_up_on_is_not_sent(
         assert verdict.decisions[0].remaining == 0  # only this request holds the slot
     finally:
         await storage.close()
+
+
+async def test_a_slot_granted_after_its_caller_gave_up_goes_back(
+    redis_url: str, redis_prefix: str,
+) -> None:
+    """A decision sent in time whose reply comes after its caller's deadline: if it took
+    a concurrency slot, the slot is given back at once, not held for the whole lease."""
+    async with delayed(redis_url, 0.02) as url:  # 40 ms round trip
+        storage = RedisStorage.from_url(url, prefix=redis_prefix)
+        try:
+            slot = Hit(Limit.concurrency(1, lease=30))
+            await storage.peek("user", [slot])  # a warm connection: the next one is sent
+            with pytest.raises(StorageError):
+                await storage.decide("user", [slot], timeout=0.02)
+            await asyncio.sleep(0.3)  # the late reply, then the ZREM, have gone through
+            verdict = await storage.decide("user", [slot], timeout=1)
+            assert verdict.allowed, verdict
+        finally:
+            await storage.close()

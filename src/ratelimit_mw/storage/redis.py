@@ -35,9 +35,12 @@ from .wire import checkout, exchange, pack_plan, pack_release
 __all__ = ["RedisStorage", "decide_script_source"]
 
 _Kind = Literal["decide", "release"]
-_Queued = tuple[_Kind, bytes, "asyncio.Future[Any]", float]
-"""A packed command waiting for the next pipeline flush, the future of its reply, and
-when its caller stops waiting (loop time; inf: never)."""
+_Slots = tuple[str, tuple[tuple[str, str], ...], str]
+"""The concurrency slots a decision may take: its identity's tag, ``(scope, uid)`` of
+each slot, and the lease id."""
+_Queued = tuple[_Kind, bytes, "asyncio.Future[Any]", float, _Slots | None]
+"""A packed command waiting for the next pipeline flush, the future of its reply, when
+its caller stops waiting (loop time; inf: never), and the slots a decision may take."""
 
 # RedisClusterException (no topology, slot not covered) is not a RedisError.
 _FAILURES = (redis_errors.RedisError, redis_errors.RedisClusterException, OSError,
@@ -176,7 +179,8 @@ class RedisStorage(Storage):
                 lease_id = _lease_id() if slots else ""
                 command = plan.command(self._encode(tag), clock.encode(), lease_id.encode(),
                                        spec.encode())
-                reply = await self._queue("decide", command, timeout)
+                reply = await self._queue("decide", command, timeout,
+                                          (tag, slots, lease_id) if slots else None)
             else:
                 slots = tuple((hit.scope, hit.limit.uid) for hit in hits
                               if hit.limit.is_concurrency and hit.cost)
@@ -203,7 +207,7 @@ class RedisStorage(Storage):
         ), leases, reply[1] / 1_000_000)
 
     def _queue(self, kind: _Kind, command: bytes, timeout: float | None = None,
-               ) -> asyncio.Future[Any]:
+               slots: _Slots | None = None) -> asyncio.Future[Any]:
         """Queue one command for the next flush (queued at once, so a caller cancelled
         right after still has its command sent). Its caller waits at most the shorter of
         ``timeout`` and the storage's timeout (a release at least 1 s, as a slot not
@@ -217,7 +221,7 @@ class RedisStorage(Storage):
         if kind == "release" and wait is not None:
             wait = max(1.0, wait)
         self._batch.append((kind, command, future,
-                            math.inf if wait is None else loop.time() + wait))
+                            math.inf if wait is None else loop.time() + wait, slots))
         return future
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -237,7 +241,7 @@ class RedisStorage(Storage):
         """
         loop = asyncio.get_running_loop()
         start = loop.time()
-        latest = max(deadline for *_, deadline in batch)
+        latest = max(deadline for _, _, _, deadline, _ in batch)
         bounded = latest != math.inf
         timer = _Expiry(loop, batch)
         pool = self._client.connection_pool
@@ -256,7 +260,7 @@ class RedisStorage(Storage):
                     for i, reply in zip(missed, again, strict=True):
                         replies[i] = reply
         except BaseException as exc:  # handed to every waiter, then re-raised if not an error
-            for _, _, future, _ in batch:
+            for _, _, future, _, _ in batch:
                 if future.done():
                     continue
                 if isinstance(exc, asyncio.CancelledError):
@@ -270,9 +274,13 @@ class RedisStorage(Storage):
             timer.cancel()
             if connection is not None:  # outside the deadline: a release is never cut off
                 await pool.release(connection)
-        for (_, _, future, _), reply in zip(batch, replies, strict=True):
+        for (_, _, future, _, slots), reply in zip(batch, replies, strict=True):
             if future.done():
-                continue  # its caller gave up (a timeout); the command stands
+                # Its caller gave up (a timeout) after it was sent: the command stands,
+                # but slots it took for nobody go back at once.
+                if slots is not None and isinstance(reply, list) and reply and reply[0] == 1:
+                    self._abandon(slots)
+                continue
             if isinstance(reply, Exception):
                 future.set_exception(reply)
             else:
@@ -287,7 +295,7 @@ class RedisStorage(Storage):
         sent (its reply is None): the failure policy has answered that request, so Redis
         must not count it, nor hold a slot for it. Slots given back always go.
         """
-        live = [i for i, (kind, _, future, _) in enumerate(batch)
+        live = [i for i, (kind, _, future, _, _) in enumerate(batch)
                 if kind == "release" or not future.done()]
         replies: list[Any] = [None] * len(batch)
         if live:
@@ -295,6 +303,14 @@ class RedisStorage(Storage):
             for i, reply in zip(live, got, strict=True):
                 replies[i] = reply
         return replies
+
+    def _abandon(self, slots: _Slots) -> None:
+        """Give back the slots of an admitted decision whose caller had given up."""
+        tag, taken, lease_id = slots
+        for scope, uid in taken:
+            name = self._encode(f"{tag}{_scope_part(scope)}:{uid}")
+            self._queue("release", pack_release(name, lease_id.encode())).add_done_callback(
+                _retrieve)
 
     async def release(self, leases: Sequence[Lease]) -> None:
         """Give slots back: one ZREM each, in the next pipeline flush with the decisions
@@ -376,13 +392,13 @@ class _Expiry:
         self._arm()
 
     def _arm(self) -> None:
-        waiting = [deadline for _, _, future, deadline in self._batch
+        waiting = [deadline for _, _, future, deadline, _ in self._batch
                    if not future.done() and deadline != math.inf]
         self._handle = self._loop.call_at(min(waiting), self._fire) if waiting else None
 
     def _fire(self) -> None:
         now = self._loop.time()
-        for _, _, future, deadline in self._batch:
+        for _, _, future, deadline, _ in self._batch:
             if deadline <= now and not future.done():
                 future.set_exception(TimeoutError("redis did not answer within the timeout"))
         self._arm()
@@ -390,6 +406,12 @@ class _Expiry:
     def cancel(self) -> None:
         if self._handle is not None:
             self._handle.cancel()
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a fire-and-forget command's error as seen (its slot frees with its lease)."""
+    if not future.cancelled():
+        future.exception()
 
 
 @lru_cache(maxsize=4096)
