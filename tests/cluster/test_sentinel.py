@@ -76,3 +76,18 @@ async def test_limits_survive_a_failover(
         assert (await storage.peek("fay", [hit])).decisions[0].remaining == 1000 - 15
     finally:
         old.start()  # it comes back empty, and Sentinel makes it the new primary's replica
+
+
+async def test_a_full_pool_queues_instead_of_failing(make: StorageFactory) -> None:
+    """With max_connections, batches in flight at once wait for a connection instead of
+    failing: every decision is answered, and counted exactly."""
+    storage = make(max_connections=1, timeout=2.0)
+    hit = Hit(Limit.parse("50/hour", "fixed_window"))
+
+    async def later(i: int) -> Verdict:
+        for _ in range(i % 7):  # spread over several event-loop ticks: several batches
+            await asyncio.sleep(0)
+        return await storage.decide("queued", [hit])
+
+    verdicts = await asyncio.gather(*(later(i) for i in range(80)))
+    assert sum(v.allowed for v in verdicts) == 50

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 import os
@@ -10,7 +11,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from importlib.resources import files
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -30,7 +31,10 @@ from .base import (
     merge_hits,
 )
 from .keys import check_prefix, encode_part, identity_tag
-from .wire import checkout, exchange, pack_plan, pack_release
+from .wire import checkout, exchange, pack_plan, pack_release, pack_script_load
+
+if TYPE_CHECKING:
+    from .cluster import ConnectionQueue
 
 __all__ = ["RedisStorage", "decide_script_source"]
 
@@ -245,17 +249,25 @@ class RedisStorage(Storage):
         bounded = latest != math.inf
         timer = _Expiry(loop, batch)
         pool = self._client.connection_pool
+        # Sentinel with max_connections: wait for a turn rather than fail on a full pool.
+        queue: ConnectionQueue | None = getattr(self._client, "queue", None)
+        turn = contextlib.AsyncExitStack()
         connection = None
         try:
             async with asyncio.timeout_at(
                     latest + max(1.0, 10 * (latest - start)) if bounded else None):
+                if queue is not None:
+                    await turn.enter_async_context(queue.turn())
                 connection = await checkout(pool)
                 replies = await self._pipelined(batch, connection, bounded)
                 missed = [i for i, reply in enumerate(replies)
                           if isinstance(reply, redis_errors.NoScriptError)
                           and not batch[i][2].done()]
-                if missed:
-                    await self._client.script_load(self._script.script)
+                if missed:  # load it on the connection we hold (a queue turn is ours)
+                    loaded = await exchange(connection, [pack_script_load(decide_script_source())],
+                                            bounded=bounded)
+                    if isinstance(loaded[0], Exception):
+                        raise loaded[0]
                     again = await self._pipelined([batch[i] for i in missed], connection, bounded)
                     for i, reply in zip(missed, again, strict=True):
                         replies[i] = reply
@@ -274,6 +286,7 @@ class RedisStorage(Storage):
             timer.cancel()
             if connection is not None:  # outside the deadline: a release is never cut off
                 await pool.release(connection)
+            await turn.aclose()
         for (_, _, future, _, slots), reply in zip(batch, replies, strict=True):
             if future.done():
                 # Its caller gave up (a timeout) after it was sent: the command stands,

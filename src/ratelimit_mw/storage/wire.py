@@ -20,7 +20,8 @@ from redis.exceptions import ResponseError
 from ..policy import Hit
 from .keys import encode_part
 
-__all__ = ["PackedPlan", "bulk", "checkout", "exchange", "pack_plan", "pack_release"]
+__all__ = ["PackedPlan", "bulk", "checkout", "exchange", "pack_plan", "pack_release",
+           "pack_script_load"]
 
 
 def bulk(value: bytes) -> bytes:
@@ -68,6 +69,11 @@ def pack_plan(sha: str, hits: tuple[Hit, ...], usage: bool) -> PackedPlan:
     slots = tuple((hit.scope, hit.limit.uid) for hit in hits
                   if hit.limit.is_concurrency and hit.cost)
     return PackedPlan(head, tuple(keys), tail, slots)
+
+
+def pack_script_load(script: str) -> bytes:
+    """``SCRIPT LOAD script``."""
+    return b"*3\r\n$6\r\nSCRIPT\r\n$4\r\nLOAD\r\n%b" % bulk(script.encode())
 
 
 def pack_release(key: bytes, lease: bytes) -> bytes:
