@@ -251,13 +251,13 @@ class RedisStorage(Storage):
         pool = self._client.connection_pool
         # Sentinel with max_connections: wait for a turn rather than fail on a full pool.
         queue: ConnectionQueue | None = getattr(self._client, "queue", None)
-        turn = contextlib.AsyncExitStack()
+        turn = contextlib.AsyncExitStack() if queue is not None else None
         connection = None
         try:
             async with asyncio.timeout_at(
                     latest + max(1.0, 10 * (latest - start)) if bounded else None):
-                if queue is not None:
-                    await turn.enter_async_context(queue.turn())
+                if turn is not None:
+                    await turn.enter_async_context(queue.turn())  # type: ignore[union-attr]
                 connection = await checkout(pool)
                 replies = await self._pipelined(batch, connection, bounded)
                 missed = [i for i, reply in enumerate(replies)
@@ -286,7 +286,8 @@ class RedisStorage(Storage):
             timer.cancel()
             if connection is not None:  # outside the deadline: a release is never cut off
                 await pool.release(connection)
-            await turn.aclose()
+            if turn is not None:
+                await turn.aclose()
         for (_, _, future, _, slots), reply in zip(batch, replies, strict=True):
             if future.done():
                 # Its caller gave up (a timeout) after it was sent: the command stands,
