@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from hashlib import blake2b
 from urllib.parse import quote_from_bytes
 
 from ..errors import ConfigError
 
-__all__ = ["check_prefix", "encode_part", "identity_tag", "redis_key"]
+__all__ = ["check_prefix", "counter_suffix", "encode_part", "identity_tag", "redis_key"]
 
 _MAX_PLAIN = 128
 
@@ -28,15 +29,24 @@ def encode_part(part: str) -> str:
     return quote_from_bytes(raw, safe="")
 
 
+@lru_cache(maxsize=4096)
 def identity_tag(prefix: str, identity: str) -> str:
     """``prefix{identity}:``, the start of every key of one identity; the hash tag keeps
-    them all in one Cluster slot."""
+    them all in one Cluster slot. Cached: an identity decides, gives its slot back, and
+    comes again."""
     return f"{prefix}{{{encode_part(identity)}}}:"
 
 
 def redis_key(prefix: str, identity: str, scope: str, uid: str) -> str:
     """``prefix{identity}:scope:uid``, the counter of one limit in one scope."""
-    return f"{identity_tag(prefix, identity)}{encode_part(scope)}:{uid}"
+    return identity_tag(prefix, identity) + counter_suffix(scope, uid)
+
+
+@lru_cache(maxsize=4096)
+def counter_suffix(scope: str, uid: str) -> str:
+    """``scope:uid``, what follows the identity's tag in a counter's key (scopes and
+    limits come from configuration, so their encodings are worth caching)."""
+    return f"{encode_part(scope)}:{uid}"
 
 
 def check_prefix(prefix: str) -> str:

@@ -9,7 +9,6 @@ import math
 import os
 import secrets
 from collections.abc import Callable, Sequence
-from functools import lru_cache
 from importlib.resources import files
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -30,7 +29,7 @@ from .base import (
     decision_from,
     merge_hits,
 )
-from .keys import check_prefix, encode_part, identity_tag
+from .keys import check_prefix, identity_tag, redis_key
 from .wire import checkout, exchange, pack_plan, pack_release, pack_script_load
 
 if TYPE_CHECKING:
@@ -40,8 +39,8 @@ __all__ = ["RedisStorage", "decide_script_source"]
 
 _Kind = Literal["decide", "release"]
 _Slots = tuple[str, tuple[tuple[str, str], ...], str]
-"""The concurrency slots a decision may take: its identity's tag, ``(scope, uid)`` of
-each slot, and the lease id."""
+"""The concurrency slots a decision may take: its identity, ``(scope, uid)`` of each
+slot, and the lease id."""
 _Queued = tuple[_Kind, bytes, "asyncio.Future[Any]", float, _Slots | None]
 """A packed command waiting for the next pipeline flush, the future of its reply, when
 its caller stops waiting (loop time; inf: never), and the slots a decision may take."""
@@ -89,8 +88,8 @@ class RedisStorage(Storage):
     Errors are raised as ``StorageError``; what to do then is the caller's policy.
     """
 
-    __slots__ = ("_batch", "_client", "_clock", "_encode", "_flushes",
-                 "_owns_client", "_script", "pipeline", "prefix", "retention", "timeout")
+    __slots__ = ("_batch", "_client", "_clock", "_encode", "_flushes", "_owns_client",
+                 "_script", "_usage_spec", "pipeline", "prefix", "retention", "timeout")
 
     def __init__(
         self,
@@ -117,6 +116,7 @@ class RedisStorage(Storage):
         self._batch: list[_Queued] = []
         self._flushes: set[asyncio.Task[None]] = set()
         self.retention = UsageRetention(*usage_retention).check()
+        self._usage_spec = f"{self.retention.hours},{self.retention.days}"  # see decide.lua
         self._client = client
         self._owns_client = owns_client
         # Tests only: decide on this clock instead of Redis's TIME, so that the
@@ -172,9 +172,9 @@ class RedisStorage(Storage):
         hits = merge_hits(hits)
         if not hits and not usage:
             return Verdict(True, ())
-        tag = _tag(self.prefix, key)
+        tag = identity_tag(self.prefix, key)
         clock = "" if self._clock is None else str(round(self._clock() * 1_000_000))
-        spec = f"{self.retention.hours},{self.retention.days}" if usage else ""
+        spec = self._usage_spec if usage else ""
         try:
             if self.pipeline:
                 plan = pack_plan(self._script.sha,
@@ -184,12 +184,12 @@ class RedisStorage(Storage):
                 command = plan.command(self._encode(tag), clock.encode(), lease_id.encode(),
                                        spec.encode())
                 reply = await self._queue("decide", command, timeout,
-                                          (tag, slots, lease_id) if slots else None)
+                                          (key, slots, lease_id) if slots else None)
             else:
                 slots = tuple((hit.scope, hit.limit.uid) for hit in hits
                               if hit.limit.is_concurrency and hit.cost)
                 lease_id = _lease_id() if slots else ""
-                keys = [f"{tag}{_scope_part(hit.scope)}:{hit.limit.uid}" for hit in hits]
+                keys = [redis_key(self.prefix, key, hit.scope, hit.limit.uid) for hit in hits]
                 if usage:
                     keys.append(f"{tag}u:")  # the usage buckets' prefix (see decide.lua)
                 args: list[str | int] = [clock, lease_id, spec]
@@ -320,9 +320,9 @@ class RedisStorage(Storage):
 
     def _abandon(self, slots: _Slots) -> None:
         """Give back the slots of an admitted decision whose caller had given up."""
-        tag, taken, lease_id = slots
+        key, taken, lease_id = slots
         for scope, uid in taken:
-            name = self._encode(f"{tag}{_scope_part(scope)}:{uid}")
+            name = self._encode(redis_key(self.prefix, key, scope, uid))
             self._queue("release", pack_release(name, lease_id.encode())).add_done_callback(
                 _retrieve)
 
@@ -330,8 +330,8 @@ class RedisStorage(Storage):
         """Give slots back: one ZREM each, in the next pipeline flush with the decisions
         of the same event-loop iteration (Cluster: one after the other)."""
         try:
-            names = [f"{_tag(self.prefix, lease.key)}{_scope_part(lease.scope)}:{lease.uid}"
-                     for lease in leases]  # as in decide
+            names = [redis_key(self.prefix, lease.key, lease.scope, lease.uid)
+                     for lease in leases]
             if self.pipeline:
                 await asyncio.gather(*[
                     self._queue("release", pack_release(self._encode(name), lease.id.encode()))
@@ -426,18 +426,6 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
     """Mark a fire-and-forget command's error as seen (its slot frees with its lease)."""
     if not future.cancelled():
         future.exception()
-
-
-@lru_cache(maxsize=4096)
-def _tag(prefix: str, identity: str) -> str:
-    """An identity decides, then gives its slot back, and comes again: worth caching."""
-    return identity_tag(prefix, identity)
-
-
-@lru_cache(maxsize=4096)
-def _scope_part(scope: str) -> str:
-    """Scopes come from configuration (routes), so their encodings are worth caching."""
-    return encode_part(scope)
 
 
 def _glob_escape(text: str) -> str:

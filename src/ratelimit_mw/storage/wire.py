@@ -18,7 +18,7 @@ from redis.asyncio.connection import Connection, ConnectionPool
 from redis.exceptions import ResponseError
 
 from ..policy import Hit
-from .keys import encode_part
+from .keys import counter_suffix
 
 __all__ = ["PackedPlan", "bulk", "checkout", "exchange", "pack_plan", "pack_release",
            "pack_script_load"]
@@ -54,7 +54,7 @@ class PackedPlan(NamedTuple):
 @lru_cache(maxsize=512)
 def pack_plan(sha: str, hits: tuple[Hit, ...], usage: bool) -> PackedPlan:
     """Pack what the decisions of one plan share (with usage counted, or not)."""
-    keys = [f"{encode_part(hit.scope)}:{hit.limit.uid}".encode() for hit in hits]
+    keys = [counter_suffix(hit.scope, hit.limit.uid).encode() for hit in hits]
     if usage:
         keys.append(b"u:")  # the usage buckets' prefix (see decide.lua)
     tail = b"".join(
