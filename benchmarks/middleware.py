@@ -5,7 +5,12 @@ Each app runs in its own uvicorn subprocess (one worker) and is loaded with ``wr
 requests per second of each app and its ratio to the bare app.
 
     python benchmarks/middleware.py [--seconds 5] [--connections 32] [--redis URL]
-                                    [--server auto|h11|httptools] [apps...]
+                                    [--server auto|h11|httptools]
+                                    [--build compiled|source] [apps...]
+
+``--build compiled`` (the default) measures ``build/compiled``, the wheel with the
+per-request path compiled by mypyc (``scripts/compile`` makes it); ``source`` the .py
+files under ``src/``. The peers run the same way either way.
 
 Apps (this module is also the uvicorn app module, see ``create_app``):
     bare     Starlette, one plain-text route
@@ -155,6 +160,9 @@ def _wait_for(port: int, proc: subprocess.Popen[bytes]) -> None:
     raise SystemExit(msg)
 
 
+ROOT = Path(__file__).resolve().parent.parent
+BUILDS = {"compiled": ROOT / "build" / "compiled", "source": ROOT / "src"}
+_build = "compiled"  # set by main()
 SERVERS = {"auto": [], "h11": ["--http", "h11", "--loop", "asyncio"],
            "httptools": ["--http", "httptools", "--loop", "uvloop"]}
 _server = "auto"  # set by main()
@@ -164,7 +172,7 @@ def _serve(
     kind: str, redis_url: str, python: str, prefix: str = "bench:",
 ) -> tuple[subprocess.Popen[bytes], int]:
     port = _free_port()
-    src = str(Path(__file__).resolve().parent.parent / "src")
+    src = str(BUILDS[_build])
     path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "BENCH_APP": kind, "BENCH_REDIS": redis_url, "PYTHONPATH": path,
            "BENCH_PREFIX": prefix}
@@ -328,12 +336,18 @@ def main() -> None:
     parser.add_argument("--server", choices=sorted(SERVERS), default="auto",
                         help="uvicorn's HTTP parser and loop: h11+asyncio (plain 'pip install "
                              "uvicorn'), httptools+uvloop (uvicorn[standard]), or auto")
+    parser.add_argument("--build", choices=sorted(BUILDS), default="compiled",
+                        help="ratelimit_mw as compiled by scripts/compile (default), or its "
+                             "sources")
     parser.add_argument("apps", nargs="*", default=[])
     args = parser.parse_args()
+    if not (BUILDS[args.build] / "ratelimit_mw").is_dir():
+        msg = f"{BUILDS[args.build]} holds no ratelimit_mw: run scripts/compile first"
+        raise SystemExit(msg)
     if not args.apps:
         args.apps = list(APPS) if args.no_peers else [*APPS, *PEERS]
-    global _server
-    _server = args.server
+    global _server, _build
+    _server, _build = args.server, args.build
     tool = "wrk" if shutil.which("wrk") else "python load generator"
     server = {"h11": "h11+asyncio", "httptools": "httptools+uvloop"}.get(args.server) or (
         subprocess.run(
@@ -341,7 +355,8 @@ def main() -> None:
              "u.find_spec('httptools') and u.find_spec('uvloop') else 'h11+asyncio')"],
             capture_output=True, text=True, check=True).stdout.strip())
     print(f"# {tool}, {args.connections} connections, {args.seconds:g} s per run, "
-          f"uvicorn 1 worker ({server}), best of {args.rounds}")
+          f"uvicorn 1 worker ({server}), best of {args.rounds}, ratelimit_mw from "
+          f"{args.build}")
     results: dict[str, float] = {}
     # Rounds interleave the apps, so a noisy neighbour hurts them all alike.
     for _ in range(args.rounds):

@@ -13,6 +13,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Literal, get_args
 
+from mypy_extensions import mypyc_attr
+
 from .decision import Decision, Verdict
 from .errors import ConfigError
 from .policy import Limit
@@ -94,6 +96,7 @@ def _legacy_policy(limit: Limit) -> bytes:
     return f'{limit.capacity};w={_window(limit)};comment="{policy_name(words)}"'.encode()
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class HeaderFormat:
     """Writes the headers of one header style (or a legacy + IETF combination)."""
 

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from mypy_extensions import mypyc_attr
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .decision import Decision, Lease, Verdict
@@ -99,6 +100,7 @@ class _Outcome(NamedTuple):
 _new = tuple.__new__
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class RateLimitMiddleware:
     """Pure ASGI rate limiting for Starlette and FastAPI.
 
@@ -280,12 +282,16 @@ class RateLimitMiddleware:
                 await self._give_back(leases, source)
             await send(message)
 
+        # Not a finally that awaits: compiled with mypyc, such a finally raises again an
+        # exception that was raised and handled inside its try (a failed give-back).
         try:
             await self.app(scope, receive, send_then_free)
-        finally:
+        except BaseException:
             if held:
-                held = False
                 await self._give_back(leases, source)
+            raise
+        if held:
+            await self._give_back(leases, source)
 
     async def identify(self, scope: Scope) -> Caller | None:
         """The caller a request counts for (None: not limited), by the same key function
@@ -559,10 +565,12 @@ class RateLimitMiddleware:
         if verdict is None or not verdict.leases:
             await self.app(scope, receive, send)
             return
-        try:  # a websocket holds its slot for as long as it is connected
+        try:  # a websocket holds its slot for as long as it is connected (no finally: above)
             await self.app(scope, receive, send)
-        finally:
+        except BaseException:
             await self._give_back(verdict.leases, outcome.source)  # type: ignore[union-attr]
+            raise
+        await self._give_back(verdict.leases, outcome.source)  # type: ignore[union-attr]
 
     def _closing(self, receive: Receive) -> Receive:
         """Close the storage we opened when the app shuts down."""

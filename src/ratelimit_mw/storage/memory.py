@@ -8,6 +8,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from ..algorithms.concurrency import with_lease, without_lease
 from ..decision import NEVER, Decision, Lease, Verdict
 from ..errors import ConfigError
@@ -45,6 +47,7 @@ class _Entry:
         self.usage: dict[tuple[str, int], int] | None = None
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class MemoryStorage(Storage):
     """Counters in a dict, for one process (each worker process counts on its own).
 
@@ -62,7 +65,7 @@ class MemoryStorage(Storage):
     __slots__ = ("_clock", "_keys", "_leases", "_max_buckets", "_now", "max_keys", "retention")
 
     def __init__(
-        self, *, max_keys: int = 100_000, clock: Callable[[], float] | None = None,
+        self, *, max_keys: object = 100_000, clock: Callable[[], float] | None = None,
         usage_retention: UsageRetention = UsageRetention(),  # noqa: B008 - immutable
     ) -> None:
         if isinstance(max_keys, bool) or not isinstance(max_keys, int) or max_keys < 1:
