@@ -85,6 +85,13 @@ def _short_policy(limit: Limit) -> bytes:
 
 
 @functools.lru_cache(maxsize=1024)
+def _legacy_headers(limit: Limit) -> tuple[Header, Header]:
+    """``X-RateLimit-Limit`` and ``X-RateLimit-Policy`` of a limit (they depend on
+    nothing else)."""
+    return (b"x-ratelimit-limit", b"%d" % limit.capacity), (
+        b"x-ratelimit-policy", _legacy_policy(limit))
+
+
 def _legacy_policy(limit: Limit) -> bytes:
     """``100;w=60;comment="per minute"``."""
     if limit.is_concurrency:
@@ -145,11 +152,14 @@ class HeaderFormat:
             reset_after = binding.retry_after
         out: list[Header] = []
         if self.legacy:
+            limit, policy = _legacy_headers(binding.policy)
+            if binding.limit != binding.policy.capacity:  # a custom storage's own say
+                limit = (b"x-ratelimit-limit", b"%d" % binding.limit)
             out = [
-                (b"x-ratelimit-limit", b"%d" % binding.limit),
+                limit,
                 (b"x-ratelimit-remaining", b"%d" % binding.remaining),
                 (b"x-ratelimit-reset", b"%d" % _ceil(now + reset_after)),
-                (b"x-ratelimit-policy", _legacy_policy(binding.policy)),
+                policy,
             ]
         ietf = self.ietf
         if ietf == "draft-11":

@@ -131,6 +131,9 @@ class RateLimitMiddleware:
         breaker: Gate | None = None,
         **options: Any,
     ) -> None:
+        _check_objects(settings=settings, storage=storage, tier_resolver=tier_resolver,
+                       on_denied=on_denied, on_decision=on_decision, clock=clock,
+                       breaker=breaker)
         if settings is None:
             settings = RateLimitSettings(**options)
         elif options:
@@ -707,6 +710,25 @@ def _adding(send: Send, headers: list[Header]) -> Send:
         await send(message)
 
     return send_with_headers
+
+
+def _check_objects(*, settings: object, storage: object, breaker: object,
+                   **callables: object) -> None:
+    """A TypeError naming any argument given as an object that can't do its job (it
+    would otherwise fail on the first request, or never)."""
+    if settings is not None and not isinstance(settings, RateLimitSettings):
+        msg = f"settings must be a RateLimitSettings, got {settings!r}"
+        raise TypeError(msg)
+    if storage is not None and not callable(getattr(storage, "decide", None)):
+        msg = f"storage must be a ratelimit_mw Storage (e.g. MemoryStorage()), got {storage!r}"
+        raise TypeError(msg)
+    if breaker is not None and not callable(getattr(breaker, "try_acquire", None)):
+        msg = f"breaker must be a circuit breaker (e.g. CircuitBreaker()), got {breaker!r}"
+        raise TypeError(msg)
+    for name, value in callables.items():
+        if value is not None and not callable(value):
+            msg = f"{name} must be a callable, got {value!r}"
+            raise TypeError(msg)
 
 
 def _key_function(key: str | KeyFunc | None, settings: RateLimitSettings) -> KeyFunc:

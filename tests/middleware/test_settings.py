@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from ratelimit_mw import ConfigError, MemoryStorage
+from ratelimit_mw import ConfigError, MemoryStorage, RateLimitMiddleware
 from ratelimit_mw.settings import RateLimitSettings
 from tests.conftest import FakeClock
 
@@ -138,3 +138,22 @@ def test_partition_key_needs_draft11() -> None:
     with pytest.raises(ValidationError, match=r"partition_key.*'legacy'"):
         RateLimitSettings(partition_key=True)
     assert RateLimitSettings(partition_key=True, header_style="legacy+draft-11").partition_key
+
+
+@pytest.mark.parametrize(("argument", "value", "message"), [
+    ("settings", {"header_style": "legacy"}, "settings must be a RateLimitSettings"),
+    ("storage", "redis://127.0.0.1:6379", "storage must be a ratelimit_mw Storage"),
+    ("breaker", 5, "breaker must be a circuit breaker"),
+    ("tier_resolver", "pro", "tier_resolver must be a callable"),
+    ("on_denied", 429, "on_denied must be a callable"),
+    ("on_decision", [], "on_decision must be a callable"),
+    ("clock", 1700000000.0, "clock must be a callable"),
+    ("key", 5, "key must be 'ip', 'api_key', 'user' or a callable"),
+])
+def test_objects_that_cannot_work_fail_at_start_up(
+    argument: str, value: object, message: str,
+) -> None:
+    """An object argument of the wrong kind is refused when the middleware is built, with
+    its name, rather than failing on the first request (or never)."""
+    with pytest.raises(TypeError, match=message):
+        RateLimitMiddleware(make_app(), **{argument: value})

@@ -76,7 +76,8 @@ class MemoryStorage(Storage):
         self._max_buckets = self.retention.hours + self.retention.days + 2
         self._clock = clock
         self._now: Callable[[], int] = (
-            _wall_us if clock is None else lambda: round(clock() * 1_000_000))
+            _wall_us if clock is None or clock is time.time
+            else lambda: round(clock() * 1_000_000))
         self._keys: OrderedDict[str, _Entry] = OrderedDict()
         self._leases = itertools.count(1)
 
