@@ -122,8 +122,8 @@ async def flaky_upstream(failure_rate: float) -> dict[str, Any]:
 
 @app.get("/health")
 @exempt
-async def health() -> dict[str, str]:
-    return {"status": "ok"}
+async def health() -> dict[str, str | int]:
+    return {"status": "ok", "worker": os.getpid()}
 
 
 @app.get("/api/v1/hello")

@@ -36,23 +36,32 @@ class ExampleServer:
             *(["--workers", str(workers)] if workers > 1 else [])]
         self.log = tempfile.NamedTemporaryFile(prefix="example-app-", suffix=".log")  # noqa: SIM115
         self.proc: subprocess.Popen[bytes] | None = None
+        self.workers = workers
 
     def start(self, timeout: float = 30.0) -> ExampleServer:
+        """Start the server; return once every worker has answered ``/health``."""
         self.proc = subprocess.Popen(self.command, cwd=ROOT, env=self.env, stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
-        while True:
+        pids: set[int] = set()
+        while len(pids) < self.workers:
             if self.proc.poll() is not None:
                 pytest.fail(f"the example app exited:\n{self.output()}")
             try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return self
+                # A new connection each time, so the kernel may hand it to any worker.
+                response = httpx.get(f"{self.url}/health", timeout=1,
+                                     headers={"connection": "close"})
+                if response.status_code == 200:
+                    pids.add(response.json()["worker"])
+                    continue
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
-                pytest.fail(f"the example app did not start:\n{self.output()}")
+                pytest.fail(f"the example app did not start {self.workers} worker(s) "
+                            f"(saw {len(pids)}):\n{self.output()}")
             time.sleep(0.05)
+        return self
 
     def kill_hard(self) -> None:
         """SIGKILL the server process (a worker killed mid-request), no cleanup run."""

@@ -68,6 +68,8 @@ class MemoryStorage(Storage):
         self, *, max_keys: object = 100_000, clock: Callable[[], float] | None = None,
         usage_retention: UsageRetention = UsageRetention(),  # noqa: B008 - immutable
     ) -> None:
+        # max_keys is typed object: the compiled build would reject a float before this
+        # check (with a TypeError that names no argument) and take True for 1.
         if isinstance(max_keys, bool) or not isinstance(max_keys, int) or max_keys < 1:
             msg = f"max_keys must be a positive integer, got {max_keys!r}"
             raise ConfigError(msg)
