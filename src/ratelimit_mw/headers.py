@@ -110,12 +110,12 @@ class HeaderFormat:
     __slots__ = ("ietf", "legacy", "partition_key", "styles")
 
     def __init__(
-        self, style: str | Sequence[HeaderStyle] = "legacy", *, partition_key: bool = False,
+        self, style: str | Sequence[HeaderStyle] = "legacy", *, partition_key: object = False,
     ) -> None:
         self.styles = parse_header_style(style) if isinstance(style, str) else tuple(style)
         self.legacy = "legacy" in self.styles
         self.ietf = next((s for s in self.styles if s in _IETF), None)
-        self.partition_key = partition_key
+        self.partition_key = bool(partition_key)
         """draft-11: add each caller's ``pk`` to the ``RateLimit`` items."""
 
     def __bool__(self) -> bool:

@@ -285,15 +285,18 @@ class RateLimitMiddleware:
                 await self._give_back(leases, source)
             await send(message)
 
-        # Not a finally that awaits: compiled with mypyc, such a finally raises again an
-        # exception that was raised and handled inside its try (a failed give-back).
+        # Neither a finally nor a bare raise after an await: compiled with mypyc, both
+        # would raise an exception that a failed give-back raised and handled meanwhile,
+        # instead of the app's own.
         try:
             await self.app(scope, receive, send_then_free)
-        except BaseException:
+        except BaseException as exc:
             if held:
+                held = False
                 await self._give_back(leases, source)
-            raise
+            raise exc
         if held:
+            held = False
             await self._give_back(leases, source)
 
     async def identify(self, scope: Scope) -> Caller | None:
@@ -570,9 +573,9 @@ class RateLimitMiddleware:
             return
         try:  # a websocket holds its slot for as long as it is connected (no finally: above)
             await self.app(scope, receive, send)
-        except BaseException:
+        except BaseException as exc:
             await self._give_back(verdict.leases, outcome.source)  # type: ignore[union-attr]
-            raise
+            raise exc
         await self._give_back(verdict.leases, outcome.source)  # type: ignore[union-attr]
 
     def _closing(self, receive: Receive) -> Receive:

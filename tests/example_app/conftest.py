@@ -47,6 +47,10 @@ class ExampleServer:
         while len(pids) < self.workers:
             if self.proc.poll() is not None:
                 pytest.fail(f"the example app exited:\n{self.output()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                pytest.fail(f"the example app did not start {self.workers} worker(s) "
+                            f"(saw {len(pids)}):\n{self.output()}")
             try:
                 # A new connection each time, so the kernel may hand it to any worker.
                 response = httpx.get(f"{self.url}/health", timeout=1,
@@ -56,10 +60,6 @@ class ExampleServer:
                     continue
             except httpx.TransportError:
                 pass
-            if time.monotonic() > deadline:
-                self.stop()
-                pytest.fail(f"the example app did not start {self.workers} worker(s) "
-                            f"(saw {len(pids)}):\n{self.output()}")
             time.sleep(0.05)
         return self
 

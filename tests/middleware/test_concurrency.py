@@ -496,3 +496,34 @@ async def test_redis_gone_before_release_is_logged_not_raised(
         await storage.close()
     assert response.status_code == 200
     assert "couldn't give back 1 concurrency slot(s)" in caplog.text
+
+
+class _ReleaseFails(MemoryStorage):
+    """Memory storage that cannot give slots back (as if its server had gone)."""
+
+    async def release(self, leases: Any) -> None:
+        raise ConnectionError("storage down during release")
+
+
+@pytest.mark.parametrize("kind", ["http", "websocket"])
+async def test_the_apps_own_error_survives_a_failed_give_back(
+    kind: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The app raises while its slot can't be given back: the app's error is what
+    propagates (in the compiled build too), the failed give-back is only logged."""
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        raise RuntimeError("the app's own error")
+
+    async def receive() -> dict[str, Any]:
+        return {"type": f"{kind}.disconnect"}
+
+    async def send(message: Any) -> None:
+        pass
+
+    middleware = RateLimitMiddleware(app, tiers=[Tier("t", "5/minute", concurrency=2)],
+                                     storage=_ReleaseFails(), limit_websockets=True)
+    scope = {"type": kind, "method": "GET", "path": "/", "headers": [], "query_string": b"",
+             "client": CLIENT}
+    with pytest.raises(RuntimeError, match="the app's own error"):
+        await middleware(scope, receive, send)
+    assert "couldn't give back 1 concurrency slot(s)" in caplog.text

@@ -31,6 +31,9 @@ _NO_CELLS: dict[tuple[str, str], tuple[Any, int]] = {}
 _HOUR_US, _DAY_US = 3_600_000_000, 86_400_000_000
 
 
+_TIME = time.time  # the wall clock as imported (a clock patched in later is honoured)
+
+
 def _wall_us() -> int:
     """The wall clock in whole microseconds."""
     return time.time_ns() // 1000
@@ -66,7 +69,7 @@ class MemoryStorage(Storage):
 
     def __init__(
         self, *, max_keys: object = 100_000, clock: Callable[[], float] | None = None,
-        usage_retention: UsageRetention = UsageRetention(),  # noqa: B008 - immutable
+        usage_retention: UsageRetention | Sequence[int] = UsageRetention(),  # noqa: B008
     ) -> None:
         # max_keys is typed object: the compiled build would reject a float before this
         # check (with a TypeError that names no argument) and take True for 1.
@@ -78,7 +81,7 @@ class MemoryStorage(Storage):
         self._max_buckets = self.retention.hours + self.retention.days + 2
         self._clock = clock
         self._now: Callable[[], int] = (
-            _wall_us if clock is None or clock is time.time
+            _wall_us if clock is None or clock is _TIME
             else lambda: round(clock() * 1_000_000))
         self._keys: OrderedDict[str, _Entry] = OrderedDict()
         self._leases = itertools.count(1)
