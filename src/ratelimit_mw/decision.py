@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from .policy import Limit
+from .policy import Hit, Limit
 
-__all__ = ["NEVER", "Decision", "Lease", "Verdict"]
+__all__ = ["NEVER", "Decision", "Lease", "Verdict", "decision_from"]
 
 NEVER = math.inf
 """``retry_after`` of a request whose cost is larger than the limit can ever admit."""
@@ -82,3 +82,23 @@ class Verdict(NamedTuple):
             denied = [d for d in decisions if not d.allowed]
             return max(denied, key=lambda d: (d.retry_after, -d.remaining))
         return min(decisions, key=lambda d: (d.remaining, d.reset_after))
+
+
+_new = tuple.__new__
+
+
+def decision_from(
+    hit: Hit, allowed: bool, remaining: int, reset_us: int, retry_us: int,
+) -> Decision:
+    """Build a public decision from an algorithm step in microseconds (-1 retry: never)."""
+    limit = hit.limit
+    # tuple.__new__ skips the named tuple's Python-level __new__: this runs per request.
+    return _new(Decision, (
+        allowed,
+        limit.capacity,
+        remaining if remaining > 0 else 0,
+        reset_us / 1_000_000,
+        retry_us / 1_000_000 if retry_us >= 0 else NEVER,
+        limit,
+        hit.scope,
+    ))

@@ -157,11 +157,12 @@ class RateLimitMiddleware:
         else:
             self._tiers = settings.build_tiers()
 
-        self._key = _key_function(key, settings)
-        self._key_async = is_async_callable(self._key)
-        # Keys requests whose key function raised (their failure is logged, not a 500).
+        # The client IP keys requests by default, and those whose key function raised
+        # (their failure is logged, not a 500).
         self._client_ip = ClientIP(TrustedProxies(settings.trusted_proxies),
                                    ipv6_prefix=settings.ipv6_prefix)
+        self._key = _key_function(key, settings, self._client_ip)
+        self._key_async = is_async_callable(self._key)
         self._failures = _Complaints()
         if tier_resolver is None and settings.tier_header:
             tier_resolver = TierFromHeader(settings.tier_header)
@@ -431,10 +432,8 @@ class RateLimitMiddleware:
             # a shadow limit would not count against the limits that do block.
             enforced, source = await guard.decide(key, plan.enforced, usage=self._usage)
             verdict = _with_shadowed(plan, verdict, enforced)
-        refused = not verdict.allowed and not self._shadow
-        seen = verdict  # for the log line and the metrics hook, shadow denials included
-        if refused and plan.shadow:
-            verdict = _enforced_denial(plan, verdict)
+        seen = verdict  # for the metrics hook, shadow denials included
+        verdict, refused = self._as_told(plan, verdict)
         # Only the shared storage's denials are cached: a fallback's are local guesses.
         # A full concurrency slot may free any moment: never cached.
         if (refused and self._blocked_size and source == "storage"
@@ -450,12 +449,18 @@ class RateLimitMiddleware:
         if not verdict.allowed and not self._shadow and plan.shadow_only(verdict):
             verdict = _with_shadowed(
                 plan, verdict, local.decide_now(key, plan.enforced, usage=self._usage))
-        refused = not verdict.allowed and not self._shadow
         seen = verdict
-        if refused and plan.shadow:
-            verdict = _enforced_denial(plan, verdict)
+        verdict, refused = self._as_told(plan, verdict)
         return self._finish(key, plan, verdict, "storage", refused,
                             verdict.at, seen=seen)  # type: ignore[arg-type]
+
+    def _as_told(self, plan: Plan, verdict: Verdict) -> tuple[Verdict, bool]:
+        """The verdict as the client is told it, and whether the request is refused (a
+        real denial reports only what the enforced limits say)."""
+        refused = not verdict.allowed and not self._shadow
+        if refused and plan.shadow:
+            return _enforced_denial(plan, verdict), True
+        return verdict, refused
 
     def _from_blocked(self, key: str, plan: Plan, blocked: _Blocked, now: float) -> _Outcome:
         """The answer for a key known to be over its limit, without the storage.
@@ -734,15 +739,16 @@ def _check_objects(*, settings: object, storage: object, breaker: object,
             raise TypeError(msg)
 
 
-def _key_function(key: str | KeyFunc | None, settings: RateLimitSettings) -> KeyFunc:
-    """The key function named in settings, or the one given."""
+def _key_function(key: str | KeyFunc | None, settings: RateLimitSettings,
+                  ip: ClientIP) -> KeyFunc:
+    """The key function named in settings (``ip``, or falling back to it), or the one
+    given."""
     if key is not None and not isinstance(key, str):
         if not callable(key):
             msg = f"key must be 'ip', 'api_key', 'user' or a callable, got {key!r}"
             raise TypeError(msg)
         return key
     name = key or settings.key
-    ip = ClientIP(TrustedProxies(settings.trusted_proxies), ipv6_prefix=settings.ipv6_prefix)
     if name == "ip":
         return ip
     if name == "api_key":

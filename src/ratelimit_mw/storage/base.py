@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, Literal, NamedTuple
 
-from ..decision import NEVER, Decision, Lease, Verdict
+from ..decision import Lease, Verdict, decision_from
 from ..errors import ConfigError
 from ..policy import Hit
 
@@ -46,8 +46,6 @@ def bucket_range(
     first = max(int(start // size), oldest)
     last = min(int(end // size), int(now // size))
     return range(first, last + 1)
-
-_new = tuple.__new__
 
 
 class Storage(ABC):
@@ -99,23 +97,6 @@ class Storage(ABC):
 
     async def __aexit__(self, *exc_info: Any) -> None:
         await self.close()
-
-
-def decision_from(
-    hit: Hit, allowed: bool, remaining: int, reset_us: int, retry_us: int,
-) -> Decision:
-    """Build a public decision from an algorithm step in microseconds (-1 retry: never)."""
-    limit = hit.limit
-    # tuple.__new__ skips the named tuple's Python-level __new__: this runs per request.
-    return _new(Decision, (
-        allowed,
-        limit.capacity,
-        remaining if remaining > 0 else 0,
-        reset_us / 1_000_000,
-        retry_us / 1_000_000 if retry_us >= 0 else NEVER,
-        limit,
-        hit.scope,
-    ))
 
 
 class MergedHits(tuple[Hit, ...]):

@@ -11,7 +11,7 @@ from typing import Any
 from mypy_extensions import mypyc_attr
 
 from ..algorithms.concurrency import with_lease, without_lease
-from ..decision import NEVER, Decision, Lease, Verdict
+from ..decision import Lease, Verdict, decision_from
 from ..errors import ConfigError
 from ..policy import Hit
 from .base import (
@@ -138,11 +138,10 @@ class MemoryStorage(Storage):
                     steps[i] = limit.step(
                         cell[0] if cell is not None and cell[1] > now else None, now,
                         limit.amount, limit.period_us, limit.capacity, 0)
-        # tuple.__new__ skips the named tuples' Python-level __new__: this runs per request.
-        return _new(Verdict, (allowed, tuple([_new(Decision, (
-            step[0], hit.limit.capacity, step[1] if step[1] > 0 else 0, step[2] / 1_000_000,
-            step[3] / 1_000_000 if step[3] >= 0 else NEVER, hit.limit, hit.scope,
-        )) for hit, step in zip(hits, steps)]), leases, now / 1_000_000))  # noqa: B905
+        # tuple.__new__ skips the named tuple's Python-level __new__: this runs per request.
+        return _new(Verdict, (allowed, tuple([
+            decision_from(hit, step[0], step[1], step[2], step[3])
+            for hit, step in zip(hits, steps)]), leases, now / 1_000_000))  # noqa: B905
 
     def _decide_one(self, key: str, entry: _Entry | None, cells: dict[tuple[str, str], Any],
                     hit: Hit, now: int, usage: bool) -> Verdict:
@@ -162,10 +161,8 @@ class MemoryStorage(Storage):
                 if entry is None:
                     entry = self._insert(key, now)
                 self._count(entry, now)
-        return _new(Verdict, (allowed, (_new(Decision, (
-            allowed, limit.capacity, remaining if remaining > 0 else 0, reset / 1_000_000,
-            retry / 1_000_000 if retry >= 0 else NEVER, limit, hit.scope)),), leases,
-            now / 1_000_000))
+        return _new(Verdict, (allowed, (decision_from(hit, allowed, remaining, reset, retry),),
+                              leases, now / 1_000_000))
 
     def _take(self, key: str, entry: _Entry | None, hit: Hit, state: Any, reset: int,
               now: int) -> tuple[_Entry, Lease | None]:

@@ -30,7 +30,14 @@ from .base import (
     merge_hits,
 )
 from .keys import check_prefix, identity_tag, redis_key
-from .wire import checkout, exchange, pack_plan, pack_release, pack_script_load
+from .wire import (
+    checkout,
+    exchange,
+    pack_plan,
+    pack_release,
+    pack_script_load,
+    slots_taken,
+)
 
 if TYPE_CHECKING:
     from .cluster import ConnectionQueue
@@ -186,8 +193,7 @@ class RedisStorage(Storage):
                 reply = await self._queue("decide", command, timeout,
                                           (key, slots, lease_id) if slots else None)
             else:
-                slots = tuple((hit.scope, hit.limit.uid) for hit in hits
-                              if hit.limit.is_concurrency and hit.cost)
+                slots = slots_taken(hits)
                 lease_id = _lease_id() if slots else ""
                 keys = [redis_key(self.prefix, key, hit.scope, hit.limit.uid) for hit in hits]
                 if usage:
@@ -322,23 +328,23 @@ class RedisStorage(Storage):
         """Give back the slots of an admitted decision whose caller had given up."""
         key, taken, lease_id = slots
         for scope, uid in taken:
-            name = self._encode(redis_key(self.prefix, key, scope, uid))
-            self._queue("release", pack_release(name, lease_id.encode())).add_done_callback(
-                _retrieve)
+            self._queue_release(Lease(key, scope, uid, lease_id)).add_done_callback(_retrieve)
+
+    def _queue_release(self, lease: Lease) -> asyncio.Future[Any]:
+        """The ZREM that gives ``lease``'s slot back, queued for the next flush."""
+        name = redis_key(self.prefix, lease.key, lease.scope, lease.uid)
+        return self._queue("release", pack_release(self._encode(name), lease.id.encode()))
 
     async def release(self, leases: Sequence[Lease]) -> None:
         """Give slots back: one ZREM each, in the next pipeline flush with the decisions
         of the same event-loop iteration (Cluster: one after the other)."""
         try:
-            names = [redis_key(self.prefix, lease.key, lease.scope, lease.uid)
-                     for lease in leases]
             if self.pipeline:
-                await asyncio.gather(*[
-                    self._queue("release", pack_release(self._encode(name), lease.id.encode()))
-                    for name, lease in zip(names, leases, strict=True)])
+                await asyncio.gather(*[self._queue_release(lease) for lease in leases])
             else:
-                for name, lease in zip(names, leases, strict=True):
-                    await self._client.zrem(name, lease.id)
+                for lease in leases:
+                    await self._client.zrem(
+                        redis_key(self.prefix, lease.key, lease.scope, lease.uid), lease.id)
         except _FAILURES as exc:
             msg = f"redis could not release {len(leases)} slot(s): {exc}"
             raise StorageError(msg) from exc

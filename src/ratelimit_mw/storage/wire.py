@@ -21,7 +21,7 @@ from ..policy import Hit
 from .keys import counter_suffix
 
 __all__ = ["PackedPlan", "bulk", "checkout", "exchange", "pack_plan", "pack_release",
-           "pack_script_load"]
+           "pack_script_load", "slots_taken"]
 
 
 def bulk(value: bytes) -> bytes:
@@ -66,9 +66,13 @@ def pack_plan(sha: str, hits: tuple[Hit, ...], usage: bool) -> PackedPlan:
     count = 3 + len(keys) + 3 + 5 * len(hits)
     head = b"*%d\r\n%b%b%b" % (count, bulk(b"EVALSHA"), bulk(sha.encode()),
                               bulk(b"%d" % len(keys)))
-    slots = tuple((hit.scope, hit.limit.uid) for hit in hits
-                  if hit.limit.is_concurrency and hit.cost)
-    return PackedPlan(head, tuple(keys), tail, slots)
+    return PackedPlan(head, tuple(keys), tail, slots_taken(hits))
+
+
+def slots_taken(hits: Sequence[Hit]) -> tuple[tuple[str, str], ...]:
+    """``(scope, uid)`` of each hit that takes a concurrency slot when admitted."""
+    return tuple((hit.scope, hit.limit.uid) for hit in hits
+                 if hit.limit.is_concurrency and hit.cost)
 
 
 def pack_script_load(script: str) -> bytes:
