@@ -27,10 +27,13 @@ async def frozen_redis() -> AsyncIterator[tuple[str, asyncio.Event]]:
     """A server that reads every command and never answers; the event is set when a
     client closes its connection."""
     closed = asyncio.Event()
+    writers: list[asyncio.StreamWriter] = []
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while await reader.read(65536):
-            pass
+        writers.append(writer)
+        with contextlib.suppress(OSError):
+            while await reader.read(65536):
+                pass
         closed.set()
         writer.close()
 
@@ -40,6 +43,10 @@ async def frozen_redis() -> AsyncIterator[tuple[str, asyncio.Event]]:
         yield f"redis://127.0.0.1:{port}/0", closed
     finally:
         server.close()
+        for writer in writers:  # a client that closed just now: its end of the socket too
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
 
 
 async def test_a_batch_past_its_deadline_fails_every_waiter() -> None:
@@ -275,25 +282,22 @@ class _Answering(Storage):
 async def test_a_decision_its_caller_gave_up_on_is_not_sent(
     redis_url: str, redis_prefix: str,
 ) -> None:
-    """A decision still waiting for a connection when its caller's deadline passes is
-    dropped: the failure policy answered that request, so Redis neither counts it nor
-    holds a concurrency slot for it."""
-    storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, timeout=0.05,
-                                    max_connections=1)
-    pool = storage.client.connection_pool
-    busy = await pool.get_connection()  # type: ignore[no-untyped-call]  # the only one
-    try:
-        loop = asyncio.get_running_loop()
-        loop.call_later(0.3, lambda: asyncio.ensure_future(pool.release(busy)))
-        slot = Hit(Limit.concurrency(1, lease=30))
-        with pytest.raises(StorageError):
-            await storage.decide("user", [slot])
-        await asyncio.sleep(0.5)  # the connection is free again; the batch has gone
-        verdict = await storage.decide("user", [slot], timeout=1)
-        assert verdict.allowed
-        assert verdict.decisions[0].remaining == 0  # only this request holds the slot
-    finally:
-        await storage.close()
+    """A decision still waiting for its connection to be set up when its caller's
+    deadline passes is dropped: the failure policy answered that request, so Redis
+    neither counts it nor holds a concurrency slot for it."""
+    async with delayed(redis_url, 0.15) as url:  # a 300 ms round trip: a slow set-up
+        # No socket timeouts: only the callers' deadlines bound the set-up.
+        storage = RedisStorage(aioredis.Redis.from_url(url), prefix=redis_prefix,
+                               owns_client=True)
+        try:
+            slot = Hit(Limit.concurrency(1, lease=30))
+            with pytest.raises(StorageError):
+                await storage.decide("user", [slot], timeout=0.05)
+            verdict = await storage.decide("user", [slot], timeout=2)
+            assert verdict.allowed
+            assert verdict.decisions[0].remaining == 0  # only this request holds the slot
+        finally:
+            await storage.close()
 
 
 async def test_a_slot_granted_after_its_caller_gave_up_goes_back(
@@ -313,3 +317,134 @@ async def test_a_slot_granted_after_its_caller_gave_up_goes_back(
             assert verdict.allowed, verdict
         finally:
             await storage.close()
+
+
+@asynccontextmanager
+async def scripted_redis(answer: bytes) -> AsyncIterator[tuple[str, asyncio.Event]]:
+    """A server that answers the connection set-up (``HELLO``, ``CLIENT ...``) with
+    ``+OK`` and every other command with ``answer``; the event is set when a client
+    hangs up."""
+    import hiredis
+
+    closed = asyncio.Event()
+    writers: list[asyncio.StreamWriter] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        commands = hiredis.Reader()
+        with contextlib.suppress(OSError):
+            while data := await reader.read(65536):
+                commands.feed(data)
+                while (command := commands.gets()) is not False:
+                    set_up = command[0].upper() in (b"HELLO", b"CLIENT")
+                    writer.write(b"+OK\r\n" if set_up else answer)
+        closed.set()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}/0", closed
+    finally:
+        server.close()
+        for writer in writers:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+
+@pytest.mark.parametrize("answer", [b"?not RESP\r\n", b":1\r\n", b"*1\r\n$1\r\nx\r\n"],
+                         ids=["not RESP", "an integer", "a list of strings"])
+async def test_a_reply_that_is_not_a_decision_fails_it(answer: bytes) -> None:
+    """Bytes that are not RESP, or a reply of the wrong shape: a StorageError (the
+    failure policy answers), never another exception."""
+    async with scripted_redis(answer) as (url, _):
+        storage = RedisStorage.from_url(url, timeout=1.0)
+        try:
+            with pytest.raises(StorageError):
+                await storage.decide("k", [HIT])
+        finally:
+            await storage.close()
+
+
+async def test_bytes_that_are_not_resp_drop_the_connection() -> None:
+    """After bytes that are not RESP nothing can be matched to its command: the
+    connection is closed (the next decision makes a new one)."""
+    async with scripted_redis(b"?not RESP\r\n") as (url, closed):
+        storage = RedisStorage.from_url(url, timeout=1.0)
+        try:
+            with pytest.raises(StorageError):
+                await storage.decide("k", [HIT])
+            await asyncio.wait_for(closed.wait(), 1.0)
+        finally:
+            await storage.close()
+
+
+DECIDED = b"*6\r\n:1\r\n:1000\r\n:1\r\n:99\r\n:60000000\r\n:-1\r\n"
+"""A decision's reply: admitted, 99 left."""
+
+
+async def test_push_messages_are_not_taken_for_replies() -> None:
+    """RESP3 push messages (a server's maintenance notices) between replies answer no
+    command: each decision still gets its own reply."""
+    push = b">3\r\n$6\r\nMOVING\r\n:1\r\n:15\r\n"
+    async with scripted_redis(push + DECIDED) as (url, _):
+        storage = RedisStorage.from_url(url, timeout=1.0)
+        try:
+            verdicts = await asyncio.gather(*(storage.decide("k", [HIT]) for _ in range(3)))
+            assert [v.decisions[0].remaining for v in verdicts] == [99, 99, 99]
+        finally:
+            await storage.close()
+
+
+async def test_a_reply_to_nothing_drops_the_connection() -> None:
+    """One reply too many: the decision gets the first, and the connection is closed,
+    since every reply after it would go to the wrong command."""
+    decided = DECIDED
+    async with scripted_redis(decided + b":7\r\n") as (url, closed):
+        storage = RedisStorage.from_url(url, timeout=1.0)
+        try:
+            verdict = await storage.decide("k", [HIT])
+            assert verdict.allowed and verdict.decisions[0].remaining == 99
+            await asyncio.wait_for(closed.wait(), 1.0)
+        finally:
+            await storage.close()
+
+
+async def test_an_error_reply_fails_only_its_own_command(
+    redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A command that Redis refuses fails alone; its batch-mates and the connection
+    carry on."""
+    storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, timeout=1.0)
+    try:
+        await storage.decide("warm", [HIT])
+        bad = storage._queue("decide", b"*1\r\n$7\r\nNOTACMD\r\n", 1.0)
+        good = storage.decide("k", [HIT])
+        results = await asyncio.gather(bad, good, return_exceptions=True)
+        assert "unknown command" in str(results[0]), results
+        assert isinstance(results[1], Verdict) and results[1].allowed
+        assert (await storage.decide("k", [HIT])).decisions[0].remaining == 98
+    finally:
+        await storage.close()
+
+
+async def test_a_killed_connection_is_made_again(redis_url: str, redis_prefix: str) -> None:
+    """Redis closing the decisions' connection (a restart, CLIENT KILL): the next
+    decision connects again."""
+    name = f"killed-{redis_prefix.strip(':')}"
+    storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, timeout=1.0,
+                                    client_name=name)
+    raw = aioredis.Redis.from_url(redis_url)
+    try:
+        await storage.decide("k", [HIT])
+        killed = [client["id"] for client in await raw.client_list()
+                  if client.get("name") == name]
+        assert killed
+        for client_id in killed:
+            await raw.client_kill_filter(_id=client_id)
+        await asyncio.sleep(0.1)  # the close reaches the storage
+        verdict = await storage.decide("k", [HIT])
+        assert verdict.decisions[0].remaining == 98
+    finally:
+        await raw.aclose()
+        await storage.close()

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from redis.asyncio.connection import AbstractConnection
 from redis.crc import key_slot
 
 from ratelimit_mw import ALGORITHM_NAMES, ConfigError, Hit, Limit, RedisStorage, storage_from_url
+from ratelimit_mw.storage import pipe
 from ratelimit_mw.storage.keys import encode_part, redis_key
 from tests.engine.test_storage import limit_for
 
@@ -43,15 +43,15 @@ async def test_one_command_per_decision_with_three_limits(
     """Three limits cost one EVALSHA each decision, counted on the wire and by Redis."""
     await storage.decide("warm", three_limits())  # loads the script once
     sent: list[bytes] = []
-    original = AbstractConnection.send_packed_command
+    original = pipe._Pipe.write
 
-    async def recording(connection: AbstractConnection, command: Any, *args: Any,
-                        **options: Any) -> None:
-        sent.extend(_names(command if isinstance(command, bytes) else b"".join(command)))
-        await original(connection, command, *args, **options)
+    def recording(self: pipe._Pipe, batch: Any, entries: list[pipe.Queued]) -> None:
+        for entry in entries:
+            sent.extend(_names(entry[1]))
+        original(self, batch, entries)
 
     before = await raw.info("commandstats")
-    monkeypatch.setattr(AbstractConnection, "send_packed_command", recording)
+    monkeypatch.setattr(pipe._Pipe, "write", recording)
     for i in range(50):
         await storage.decide(f"user-{i % 5}", three_limits())
     monkeypatch.undo()
@@ -173,13 +173,13 @@ async def test_concurrent_decisions_share_one_pipeline(
 ) -> None:
     """Decisions asked in one event-loop tick go out together, and each gets its answer."""
     flushes: list[int] = []
-    original = storage._pipelined
+    original = pipe._Pipe.write
 
-    async def counting(batch: Any, *options: Any) -> Any:
-        flushes.append(len(batch))
-        return await original(batch, *options)
+    def counting(self: pipe._Pipe, batch: Any, entries: list[pipe.Queued]) -> None:
+        flushes.append(len(entries))
+        original(self, batch, entries)
 
-    monkeypatch.setattr(storage, "_pipelined", counting)
+    monkeypatch.setattr(pipe._Pipe, "write", counting)
     hit = Hit(Limit.parse("5/minute", "fixed_window"))
     verdicts = await asyncio.gather(*(storage.decide(f"p{i % 4}", [hit]) for i in range(40)))
     assert flushes == [40]
@@ -232,13 +232,13 @@ async def test_releases_ride_in_the_decisions_pipeline(
     slots = Hit(Limit.concurrency(3))
     held = [await storage.decide(f"r{i}", [slots]) for i in range(3)]
     flushes: list[list[str]] = []
-    original = storage._pipelined
+    original = pipe._Pipe.write
 
-    async def recording(batch: Any, *options: Any) -> Any:
-        flushes.append([kind for kind, *_ in batch])
-        return await original(batch, *options)
+    def recording(self: pipe._Pipe, batch: Any, entries: list[pipe.Queued]) -> None:
+        flushes.append([kind for kind, *_ in entries])
+        original(self, batch, entries)
 
-    monkeypatch.setattr(storage, "_pipelined", recording)
+    monkeypatch.setattr(pipe._Pipe, "write", recording)
     await asyncio.gather(*(storage.release(v.leases) for v in held),
                          *(storage.decide(f"r{i}", [slots]) for i in range(3)))
     assert flushes == [["release"] * 3 + ["decide"] * 3]

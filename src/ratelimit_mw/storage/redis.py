@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import math
 import os
 import secrets
 from collections.abc import Callable, Sequence
 from importlib.resources import files
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.connection import Connection
 from redis.commands.core import AsyncScript
 
 from ..decision import Lease, Verdict
@@ -30,27 +28,10 @@ from .base import (
     merge_hits,
 )
 from .keys import check_prefix, identity_tag, redis_key
-from .wire import (
-    checkout,
-    exchange,
-    pack_plan,
-    pack_release,
-    pack_script_load,
-    slots_taken,
-)
-
-if TYPE_CHECKING:
-    from .cluster import ConnectionQueue
+from .pipe import Kind, Pipeline, Slots
+from .wire import pack_plan, pack_release, pack_script_load, slots_taken
 
 __all__ = ["RedisStorage", "decide_script_source"]
-
-_Kind = Literal["decide", "release"]
-_Slots = tuple[str, tuple[tuple[str, str], ...], str]
-"""The concurrency slots a decision may take: its identity, ``(scope, uid)`` of each
-slot, and the lease id."""
-_Queued = tuple[_Kind, bytes, "asyncio.Future[Any]", float, _Slots | None]
-"""A packed command waiting for the next pipeline flush, the future of its reply, when
-its caller stops waiting (loop time; inf: never), and the slots a decision may take."""
 
 # RedisClusterException (no topology, slot not covered) is not a RedisError.
 _FAILURES = (redis_errors.RedisError, redis_errors.RedisClusterException, OSError,
@@ -95,8 +76,8 @@ class RedisStorage(Storage):
     Errors are raised as ``StorageError``; what to do then is the caller's policy.
     """
 
-    __slots__ = ("_batch", "_client", "_clock", "_encode", "_flushes", "_owns_client",
-                 "_script", "_usage_spec", "pipeline", "prefix", "retention", "timeout")
+    __slots__ = ("_client", "_clock", "_encode", "_owns_client", "_pipeline", "_script",
+                 "_usage_spec", "pipeline", "prefix", "retention", "timeout")
 
     def __init__(
         self,
@@ -120,8 +101,6 @@ class RedisStorage(Storage):
             msg = (f"pipeline=True needs a redis.asyncio.Redis client, not "
                    f"{type(client).__name__}; leave pipeline unset for Redis Cluster")
             raise ConfigError(msg)
-        self._batch: list[_Queued] = []
-        self._flushes: set[asyncio.Task[None]] = set()
         self.retention = UsageRetention(*usage_retention).check()
         self._usage_spec = f"{self.retention.hours},{self.retention.days}"  # see decide.lua
         self._client = client
@@ -130,6 +109,9 @@ class RedisStorage(Storage):
         # differential tests can drive memory and Redis on the same simulated time.
         self._clock = clock
         self._script: AsyncScript = client.register_script(decide_script_source())
+        # Pipelined decisions and give-backs share one connection of their own.
+        self._pipeline = Pipeline(client, pack_script_load(decide_script_source()),
+                                  self._abandon) if self.pipeline else None
         # Keys packed by hand are encoded as redis-py would (the client's encoding).
         self._encode: Callable[[str], bytes] = (
             client.get_encoder().encode if self.pipeline else str.encode)
@@ -208,123 +190,35 @@ class RedisStorage(Storage):
         except _FAILURES as exc:
             msg = f"redis could not decide for {len(hits)} limit(s): {exc}"
             raise StorageError(msg) from exc
-        allowed = bool(reply[0])
-        leases = tuple(Lease(key, scope, uid, lease_id) for scope, uid in slots
-                       ) if allowed and lease_id else ()
-        return Verdict(allowed, tuple(
-            decision_from(hit, bool(reply[i]), reply[i + 1], reply[i + 2], reply[i + 3])
-            for hit, i in zip(hits, range(2, len(reply), 4), strict=True)
-        ), leases, reply[1] / 1_000_000)
+        try:
+            allowed = bool(reply[0])
+            verdict = Verdict(allowed, tuple(
+                decision_from(hit, bool(reply[i]), reply[i + 1], reply[i + 2], reply[i + 3])
+                for hit, i in zip(hits, range(2, len(reply), 4), strict=True)
+            ), tuple(Lease(key, scope, uid, lease_id) for scope, uid in slots
+                     ) if allowed and lease_id else (), reply[1] / 1_000_000)
+        except (TypeError, ValueError, IndexError, KeyError) as exc:
+            msg = f"redis answered a decision with {str(reply)[:100]}, not a decision"
+            raise StorageError(msg) from exc
+        return verdict
 
-    def _queue(self, kind: _Kind, command: bytes, timeout: float | None = None,
-               slots: _Slots | None = None) -> asyncio.Future[Any]:
+    def _queue(self, kind: Kind, command: bytes, timeout: float | None = None,
+               slots: Slots | None = None) -> asyncio.Future[Any]:
         """Queue one command for the next flush (queued at once, so a caller cancelled
         right after still has its command sent). Its caller waits at most the shorter of
         ``timeout`` and the storage's timeout (a release at least 1 s, as a slot not
         given back stays taken for its whole lease)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        if not self._batch:
-            loop.call_soon(self._flush, loop)
         wait = timeout if self.timeout is None else (
             self.timeout if timeout is None else min(timeout, self.timeout))
         if kind == "release" and wait is not None:
             wait = max(1.0, wait)
-        self._batch.append((kind, command, future,
+        self._pipeline.put((kind, command, future,  # type: ignore[union-attr]
                             math.inf if wait is None else loop.time() + wait, slots))
         return future
 
-    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
-        batch, self._batch = self._batch, []
-        task = loop.create_task(self._send(batch))
-        self._flushes.add(task)  # a reference, so the task is not collected mid-flight
-        task.add_done_callback(self._flushes.discard)
-
-    async def _send(self, batch: list[_Queued]) -> None:
-        """One round trip for the whole batch; NOSCRIPT (a restarted Redis) loads the
-        script again and re-runs only the decisions that missed it.
-
-        A caller still waiting at its deadline gets a TimeoutError, but the exchange goes
-        on: the connection (perhaps still being set up) stays usable for the next batch.
-        Only far past the last deadline (ten times the wait, at least a second) is the
-        exchange cut off and its connection closed.
-        """
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        latest = max(deadline for _, _, _, deadline, _ in batch)
-        bounded = latest != math.inf
-        timer = _Expiry(loop, batch)
-        pool = self._client.connection_pool
-        # Sentinel with max_connections: wait for a turn rather than fail on a full pool.
-        queue: ConnectionQueue | None = getattr(self._client, "queue", None)
-        turn = contextlib.AsyncExitStack() if queue is not None else None
-        connection = None
-        try:
-            async with asyncio.timeout_at(
-                    latest + max(1.0, 10 * (latest - start)) if bounded else None):
-                if turn is not None:
-                    await turn.enter_async_context(queue.turn())  # type: ignore[union-attr]
-                connection = await checkout(pool)
-                replies = await self._pipelined(batch, connection, bounded)
-                missed = [i for i, reply in enumerate(replies)
-                          if isinstance(reply, redis_errors.NoScriptError)
-                          and not batch[i][2].done()]
-                if missed:  # load it on the connection we hold (a queue turn is ours)
-                    loaded = await exchange(connection, [pack_script_load(decide_script_source())],
-                                            bounded=bounded)
-                    if isinstance(loaded[0], Exception):
-                        raise loaded[0]
-                    again = await self._pipelined([batch[i] for i in missed], connection, bounded)
-                    for i, reply in zip(missed, again, strict=True):
-                        replies[i] = reply
-        except BaseException as exc:  # handed to every waiter, then re-raised if not an error
-            for _, _, future, _, _ in batch:
-                if future.done():
-                    continue
-                if isinstance(exc, asyncio.CancelledError):
-                    future.cancel()
-                else:
-                    future.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        finally:
-            timer.cancel()
-            if connection is not None:  # outside the deadline: a release is never cut off
-                await pool.release(connection)
-            if turn is not None:
-                await turn.aclose()
-        for (_, _, future, _, slots), reply in zip(batch, replies, strict=True):
-            if future.done():
-                # Its caller gave up (a timeout) after it was sent: the command stands,
-                # but slots it took for nobody go back at once.
-                if slots is not None and isinstance(reply, list) and reply and reply[0] == 1:
-                    self._abandon(slots)
-                continue
-            if isinstance(reply, Exception):
-                future.set_exception(reply)
-            else:
-                future.set_result(reply)
-
-    async def _pipelined(self, batch: list[_Queued], connection: Connection,
-                         bounded: bool = False) -> list[Any]:
-        """The batch's commands in one write on ``connection``; its replies in order
-        (``bounded``: under a deadline, see ``exchange``).
-
-        A decision whose caller stopped waiting before the connection was ready is not
-        sent (its reply is None): the failure policy has answered that request, so Redis
-        must not count it, nor hold a slot for it. Slots given back always go.
-        """
-        live = [i for i, (kind, _, future, _, _) in enumerate(batch)
-                if kind == "release" or not future.done()]
-        replies: list[Any] = [None] * len(batch)
-        if live:
-            got = await exchange(connection, [batch[i][1] for i in live], bounded=bounded)
-            for i, reply in zip(live, got, strict=True):
-                replies[i] = reply
-        return replies
-
-    def _abandon(self, slots: _Slots) -> None:
+    def _abandon(self, slots: Slots) -> None:
         """Give back the slots of an admitted decision whose caller had given up."""
         key, taken, lease_id = slots
         for scope, uid in taken:
@@ -340,7 +234,10 @@ class RedisStorage(Storage):
         of the same event-loop iteration (Cluster: one after the other)."""
         try:
             if self.pipeline:
-                await asyncio.gather(*[self._queue_release(lease) for lease in leases])
+                if len(leases) == 1:
+                    await self._queue_release(leases[0])
+                else:
+                    await asyncio.gather(*[self._queue_release(lease) for lease in leases])
             else:
                 for lease in leases:
                     await self._client.zrem(
@@ -388,44 +285,12 @@ class RedisStorage(Storage):
             return False
 
     async def close(self) -> None:
-        """Stop the batches still in flight (a batch whose callers gave up may run on
-        for its grace period), then close the client if it is ours."""
-        flushes = list(self._flushes)
-        for task in flushes:
-            task.cancel()
-        if flushes:
-            await asyncio.gather(*flushes, return_exceptions=True)
+        """Close the pipelined connection (callers still waiting on it are cancelled),
+        then the client if it is ours."""
+        if self._pipeline is not None:
+            await self._pipeline.close()
         if self._owns_client:
             await self._client.aclose()
-
-
-class _Expiry:
-    """Fails the futures of a batch whose callers' deadlines pass, one timer at a time
-    (the earliest deadline still waited for)."""
-
-    __slots__ = ("_batch", "_handle", "_loop")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, batch: list[_Queued]) -> None:
-        self._loop = loop
-        self._batch = batch
-        self._handle: asyncio.TimerHandle | None = None
-        self._arm()
-
-    def _arm(self) -> None:
-        waiting = [deadline for _, _, future, deadline, _ in self._batch
-                   if not future.done() and deadline != math.inf]
-        self._handle = self._loop.call_at(min(waiting), self._fire) if waiting else None
-
-    def _fire(self) -> None:
-        now = self._loop.time()
-        for _, _, future, deadline, _ in self._batch:
-            if deadline <= now and not future.done():
-                future.set_exception(TimeoutError("redis did not answer within the timeout"))
-        self._arm()
-
-    def cancel(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

@@ -1,27 +1,22 @@
-"""Commands packed by hand, and a batch of them sent on one pooled connection.
+"""Commands packed by hand.
 
 A decision's ``EVALSHA`` is mostly the same bytes from one request to the next: the
 plan's limits. They are packed once per plan (``pack_plan``); a request only joins
-them to what changes, its identity's keys, a lease id and the usage spec. A batch
-then goes out in one write on one connection and its replies are read in order
-(``exchange``), without redis-py's pipeline encoding every argument again.
+them to what changes, its identity's keys, a lease id and the usage spec, without
+redis-py encoding every argument again. ``pipe`` writes them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
-from inspect import Parameter, signature
-from typing import Any, NamedTuple
-
-from redis.asyncio.connection import Connection, ConnectionPool
-from redis.exceptions import ResponseError
+from typing import NamedTuple
 
 from ..policy import Hit
 from .keys import counter_suffix
 
-__all__ = ["PackedPlan", "bulk", "checkout", "exchange", "pack_plan", "pack_release",
-           "pack_script_load", "slots_taken"]
+__all__ = ["PackedPlan", "bulk", "pack_plan", "pack_release", "pack_script_load",
+           "slots_taken"]
 
 
 def bulk(value: bytes) -> bytes:
@@ -83,48 +78,3 @@ def pack_script_load(script: str) -> bytes:
 def pack_release(key: bytes, lease: bytes) -> bytes:
     """``ZREM key lease``: one concurrency slot given back."""
     return b"*3\r\n$4\r\nZREM\r\n%b%b" % (bulk(key), bulk(lease))
-
-
-def _pool_arguments() -> tuple[str, ...]:
-    """redis-py before 5.3 wants a command name to hand out a connection; later ones
-    warn when given one."""
-    name = signature(ConnectionPool.get_connection).parameters.get("command_name")
-    return ("EVALSHA",) if name is not None and name.default is Parameter.empty else ()
-
-
-_POOL_ARGUMENTS = _pool_arguments()
-
-
-async def checkout(pool: ConnectionPool) -> Connection:
-    """A connection of ``pool``, connected (give it back with ``pool.release``)."""
-    return await pool.get_connection(*_POOL_ARGUMENTS)  # type: ignore[no-untyped-call,no-any-return]
-
-
-async def exchange(connection: Connection, commands: Sequence[bytes], *,
-                   bounded: bool = False) -> list[Any]:
-    """Write ``commands`` on ``connection`` at once, then read their replies.
-
-    An error reply (``NOSCRIPT``, say) takes its command's place in the list rather
-    than being raised. Anything else that interrupts the exchange (a lost connection,
-    a cancellation at the deadline) closes the connection, so that no later command
-    reads a reply meant for this batch. When the caller ``bounded`` the whole exchange
-    with a deadline, the connection's socket timeout (a timer for the write, and one
-    per reply) is set aside meanwhile.
-    """
-    socket_timeout = connection.socket_timeout
-    try:
-        if bounded:
-            connection.socket_timeout = None
-        await connection.send_packed_command(commands)
-        replies: list[Any] = []
-        for _ in commands:
-            try:
-                replies.append(await connection.read_response())
-            except ResponseError as exc:
-                replies.append(exc)
-    except BaseException:
-        await connection.disconnect(nowait=True)
-        raise
-    finally:
-        connection.socket_timeout = socket_timeout
-    return replies

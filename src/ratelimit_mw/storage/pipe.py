@@ -1,0 +1,332 @@
+"""The one connection that pipelined decisions and slot give-backs share.
+
+Commands queued in one event-loop tick are written together, without waiting for
+the batch before them: Redis answers in order, so each reply goes to the oldest
+command still waiting for one. Replies are parsed by hiredis as they arrive, in the
+connection's own callback, so a batch costs one ``write`` and no task, lock or
+pool checkout (redis-py's pool did all three for every batch).
+
+The connection is made by the client's own connection class (so ``AUTH``,
+``SELECT``, TLS and Sentinel's primary lookup happen as they would for any
+command); it lives outside the client's pool, and is made again after it is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Literal
+
+import hiredis
+from redis import exceptions as redis_errors
+from redis.asyncio import Redis
+from redis.asyncio.connection import AbstractConnection
+
+__all__ = ["Pipeline", "Queued", "Slots"]
+
+Kind = Literal["decide", "release"]
+Slots = tuple[str, tuple[tuple[str, str], ...], str]
+"""The concurrency slots a decision may take: its identity, ``(scope, uid)`` of each
+slot, and the lease id."""
+Queued = tuple[Kind, bytes, "asyncio.Future[Any]", float, Slots | None]
+"""A packed command waiting for the next flush, the future of its reply, when its
+caller stops waiting (loop time; inf: never), and the slots a decision may take."""
+
+
+class _Batch:
+    """The commands of one flush, from the flush until their last reply (or failure).
+
+    Fails each caller still waiting at its deadline, one timer at a time; past the
+    last deadline it allows a grace period (ten times the wait, at least a second)
+    for the replies, then cuts the connection off rather than keep waiting on it.
+    """
+
+    __slots__ = ("_cut_off", "_grace", "_handle", "_loop", "entries", "left")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, entries: list[Queued],
+                 cut_off: Callable[[], None]) -> None:
+        self._loop = loop
+        self.entries = entries
+        self.left = 0  # replies still to come
+        self._cut_off = cut_off
+        latest = max(deadline for _, _, _, deadline, _ in entries)
+        self._grace = math.inf if latest == math.inf else latest + max(
+            1.0, 10 * (latest - loop.time()))
+        self._handle: asyncio.TimerHandle | None = None
+        self._arm()
+
+    def _arm(self) -> None:
+        waiting = [deadline for _, _, future, deadline, _ in self.entries
+                   if not future.done() and deadline != math.inf]
+        if waiting:
+            self._handle = self._loop.call_at(min(waiting), self._fire)
+        elif self._grace != math.inf:
+            self._handle = self._loop.call_at(self._grace, self._fire)
+        else:
+            self._handle = None
+
+    def _fire(self) -> None:
+        now = self._loop.time()
+        if now >= self._grace:
+            self._handle = None
+            self._cut_off()
+            return
+        for _, _, future, deadline, _ in self.entries:
+            if deadline <= now and not future.done():
+                future.set_exception(TimeoutError("redis did not answer within the timeout"))
+        self._arm()
+
+    def answered(self) -> None:
+        """One reply in; the timers stop with the last."""
+        self.left -= 1
+        if self.left <= 0:
+            self.finish()
+
+    def finish(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
+class _Pipe(asyncio.Protocol):
+    """The connection's protocol once it is set up: replies go to the commands written
+    on it, oldest first."""
+
+    __slots__ = ("_owner", "_reader", "closed", "connection", "transport", "waiting")
+
+    def __init__(self, owner: Pipeline, connection: AbstractConnection,
+                 transport: asyncio.WriteTransport) -> None:
+        self._owner = owner
+        self.connection = connection
+        self.transport = transport
+        self._reader = hiredis.Reader(replyError=redis_errors.ResponseError)
+        self.closed = False
+        # (batch, entry, sent again after NOSCRIPT) of each command written and not yet
+        # answered; batch and entry None for the SCRIPT LOAD written after a NOSCRIPT.
+        self.waiting: deque[tuple[_Batch | None, Queued | None, bool]] = deque()
+
+    def write(self, batch: _Batch, entries: list[Queued]) -> None:
+        """Send ``entries`` (of ``batch``) in one write."""
+        if not entries:
+            batch.finish()
+            return
+        waiting = self.waiting
+        for entry in entries:
+            waiting.append((batch, entry, False))
+        batch.left += len(entries)
+        self.transport.write(b"".join([entry[1] for entry in entries]))
+
+    def data_received(self, data: bytes) -> None:
+        reader = self._reader
+        reader.feed(data)
+        waiting = self.waiting
+        owner = self._owner
+        try:
+            while (reply := reader.gets()) is not False:
+                if isinstance(reply, _PUSH):
+                    continue  # RESP3 out-of-band news (maintenance notices): no reply
+                batch, entry, again = waiting.popleft()
+                if batch is None or entry is None:  # the reply to SCRIPT LOAD
+                    owner.loading = False
+                    continue
+                if isinstance(reply, redis_errors.ResponseError):
+                    reply = _error(reply)
+                    if (isinstance(reply, redis_errors.NoScriptError) and not again
+                            and not entry[2].done()):
+                        owner.reload(self, batch, entry)
+                        continue
+                    elif isinstance(reply, redis_errors.ReadOnlyError):
+                        # A primary demoted by a failover: connect again (Sentinel then
+                        # names the new primary).
+                        self.transport.close()
+                owner.answer(entry, reply)
+                batch.answered()
+        except (hiredis.ProtocolError, IndexError) as exc:
+            # Bytes that are not RESP, or a reply to nothing: nothing after them can be
+            # matched to its command.
+            self.transport.abort()
+            self._owner.lost(self, redis_errors.ConnectionError(f"bad reply from redis: {exc}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._owner.lost(self, redis_errors.ConnectionError(
+            f"connection to redis lost{f': {exc}' if exc else ''}"))
+
+    def eof_received(self) -> bool:
+        return False  # the transport closes itself; connection_lost follows
+
+
+_PUSH = hiredis.PushNotification
+
+
+def _error(reply: redis_errors.ResponseError) -> redis_errors.ResponseError:
+    """The redis-py error class for an error reply (NOSCRIPT, READONLY …)."""
+    text = str(reply)
+    if text.startswith("NOSCRIPT"):
+        return redis_errors.NoScriptError(text)
+    if text.startswith("READONLY"):
+        return redis_errors.ReadOnlyError(text)
+    return reply
+
+
+class Pipeline:
+    """Queues packed commands and writes each tick's batch on the shared connection.
+
+    ``abandon`` receives the slots of an admitted decision whose caller stopped waiting
+    before its reply came; ``script`` is the ``SCRIPT LOAD`` command sent on NOSCRIPT.
+    """
+
+    __slots__ = ("_abandon", "_client", "_connecting", "_cut", "_held", "_pending", "_pipe",
+                 "_retiring", "_script", "loading")
+
+    def __init__(self, client: Redis, script: bytes,
+                 abandon: Callable[[Slots], None]) -> None:
+        self._client = client
+        self._script = script
+        self._abandon = abandon
+        self._pending: list[Queued] = []  # queued in this tick, written at its end
+        self._held: list[tuple[_Batch, list[Queued]]] = []  # flushed while connecting
+        self._pipe: _Pipe | None = None
+        self._connecting: asyncio.Task[None] | None = None
+        self._cut = False  # the set-up is being cut off (not closed)
+        self._retiring: set[asyncio.Task[None]] = set()
+        self.loading = False  # a SCRIPT LOAD written and not yet answered
+
+    def put(self, entry: Queued) -> None:
+        """Queue ``entry`` for this tick's flush."""
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._pending.append(entry)
+
+    def _flush(self) -> None:
+        entries, self._pending = self._pending, []
+        loop = asyncio.get_running_loop()
+        batch = _Batch(loop, entries, self._cut_off)
+        pipe = self._pipe
+        if pipe is not None and not pipe.transport.is_closing():
+            pipe.write(batch, _live(entries))
+            return
+        self._held.append((batch, entries))
+        if self._connecting is None:
+            self._connecting = loop.create_task(self._connect())
+
+    async def _connect(self) -> None:
+        """Set up the connection with the client's connection class, then take it over;
+        write what was flushed meanwhile (but decisions whose callers gave up: the
+        failure policy answered those, so Redis must not count them)."""
+        connection: AbstractConnection = (
+            self._client.connection_pool.make_connection())  # type: ignore[no-untyped-call]
+        try:
+            await connection.connect()  # type: ignore[no-untyped-call]
+            writer = connection._writer  # redis-py's StreamWriter; its transport is ours now
+            if writer is None:
+                raise redis_errors.ConnectionError("the connection closed while set up")
+            transport: Any = writer.transport
+            pipe = _Pipe(self, connection, transport)
+            transport.set_protocol(pipe)
+        except BaseException as exc:
+            await connection.disconnect(nowait=True)
+            self._connecting = None
+            if self._cut and isinstance(exc, asyncio.CancelledError):
+                self._cut = False
+                self._fail_held(TimeoutError("redis did not answer; connection set-up cut off"))
+                return
+            self._fail_held(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._connecting = None
+        self._pipe = pipe
+        held, self._held = self._held, []
+        for batch, entries in held:
+            pipe.write(batch, _live(entries))
+
+    def _fail_held(self, exc: BaseException) -> None:
+        held, self._held = self._held, []
+        for batch, entries in held:
+            batch.finish()
+            for entry in entries:
+                _fail(entry[2], exc)
+
+    def answer(self, entry: Queued, reply: Any) -> None:
+        """Hand ``reply`` to its caller; if the caller gave up on an admitted decision,
+        give back the slots it took for nobody."""
+        future = entry[2]
+        if future.done():
+            slots = entry[4]
+            if slots is not None and isinstance(reply, list) and reply and reply[0] == 1:
+                self._abandon(slots)
+            return
+        if isinstance(reply, Exception):
+            future.set_exception(reply)
+        else:
+            future.set_result(reply)
+
+    def reload(self, pipe: _Pipe, batch: _Batch, entry: Queued) -> None:
+        """After NOSCRIPT (a restarted or flushed Redis): load the script, once for all
+        the commands written before the load, and send ``entry`` again (only once)."""
+        if not self.loading:
+            self.loading = True
+            pipe.waiting.append((None, None, False))
+            pipe.transport.write(self._script)
+        pipe.waiting.append((batch, entry, True))
+        pipe.transport.write(entry[1])
+
+    def lost(self, pipe: _Pipe, exc: Exception) -> None:
+        """The connection is gone: every command still waiting on it fails."""
+        if self._pipe is pipe:
+            self._pipe = None
+            self.loading = False
+        waiting, pipe.waiting = pipe.waiting, deque()
+        for batch, entry, _ in waiting:
+            if batch is not None:
+                batch.finish()
+            if entry is not None:
+                _fail(entry[2], exc)
+        if not pipe.closed:
+            pipe.closed = True
+            task = asyncio.get_running_loop().create_task(
+                pipe.connection.disconnect(nowait=True))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+
+    def _cut_off(self) -> None:
+        """A batch still unanswered far past its deadlines: close the connection it waits
+        on (or stop setting it up) so that no later command waits behind it."""
+        if self._pipe is not None:
+            pipe = self._pipe
+            pipe.transport.abort()
+            self.lost(pipe, redis_errors.TimeoutError("redis did not answer; connection cut off"))
+        elif self._connecting is not None:
+            self._cut = True
+            self._connecting.cancel()
+
+    async def close(self) -> None:
+        """Close the connection; callers still waiting are cancelled."""
+        pending, self._pending = self._pending, []
+        for entry in pending:
+            entry[2].cancel()
+        if self._connecting is not None:
+            self._connecting.cancel()
+            await asyncio.gather(self._connecting, return_exceptions=True)
+        if self._pipe is not None:
+            pipe = self._pipe
+            pipe.transport.close()
+            self.lost(pipe, redis_errors.ConnectionError("the storage was closed"))
+        if self._retiring:
+            await asyncio.gather(*self._retiring, return_exceptions=True)
+
+
+def _live(entries: list[Queued]) -> list[Queued]:
+    """The entries to write: releases always, decisions whose callers still wait."""
+    return [entry for entry in entries if entry[0] == "release" or not entry[2].done()]
+
+
+def _fail(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if future.done():
+        return
+    if isinstance(exc, asyncio.CancelledError):
+        future.cancel()
+    else:
+        future.set_exception(exc)
