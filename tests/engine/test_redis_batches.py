@@ -448,3 +448,22 @@ async def test_a_killed_connection_is_made_again(redis_url: str, redis_prefix: s
     finally:
         await raw.aclose()
         await storage.close()
+
+
+async def test_a_shorter_deadline_in_a_later_batch_still_holds() -> None:
+    """One timer watches every batch: a later batch whose caller asked for less time
+    than the batches before it still fails at its own deadline."""
+    async with frozen_redis() as (url, _):
+        storage = RedisStorage(aioredis.Redis.from_url(url), timeout=2.0, owns_client=True)
+        try:
+            first = asyncio.ensure_future(storage.decide("a", [HIT]))  # 2 s
+            await asyncio.sleep(0.01)  # its batch is flushed
+            start = time.monotonic()
+            with pytest.raises(StorageError):
+                await storage.decide("b", [HIT], timeout=0.1)
+            assert time.monotonic() - start < 0.5
+            assert not first.done()
+            with pytest.raises(StorageError):
+                await first
+        finally:
+            await storage.close()

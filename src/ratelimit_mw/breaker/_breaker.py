@@ -250,6 +250,8 @@ class CircuitBreaker:
     def try_acquire(self) -> Permit | None:
         """A permit to make one call, or None when the breaker refuses it."""
         now = self._clock()
+        if self._state is CircuitState.CLOSED:  # no transition falls due in time alone
+            return Permit(self, self._epoch, now)
         self._refresh(now)
         if self._state is CircuitState.OPEN:
             return None
@@ -361,15 +363,19 @@ class CircuitBreaker:
     def _record(self, permit: Permit, epoch: int, failed: bool) -> None:
         """Count the outcome of a permitted call."""
         now = self._clock()
-        self._refresh(now)
+        if self._state is not CircuitState.CLOSED:  # closed: nothing falls due in time
+            self._refresh(now)
         if epoch != self._epoch:
             return
         slow = self._slow_call_duration is not None and (
             now - permit.started > self._slow_call_duration
         )
         if self._state is CircuitState.CLOSED:
-            self._window.record(now, failed, slow)
-            calls, failures, slow_calls = self._window.totals(now)
+            window = self._window
+            window.record(now, failed, slow)
+            if window.clean():  # all successes, none slow: nothing could trip it
+                return
+            calls, failures, slow_calls = window.totals(now)
             if calls < self._minimum_calls:
                 return
             if (rate := 100 * failures / calls) >= self._failure_rate_threshold:

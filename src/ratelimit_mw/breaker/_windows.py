@@ -32,6 +32,10 @@ class CountWindow:
         """Calls, failures and slow calls in the window."""
         return len(self._outcomes), self._failures, self._slow
 
+    def clean(self) -> bool:
+        """True when the window holds no failure and no slow call (no rate to compute)."""
+        return not (self._failures or self._slow)
+
 
 class TimeWindow:
     """Outcomes of the calls ended in the last ``size`` seconds, in one-second buckets."""
@@ -70,3 +74,8 @@ class TimeWindow:
         """Calls, failures and slow calls in the window."""
         self._evict(now)
         return self._calls, self._failures, self._slow
+
+    def clean(self) -> bool:
+        """True when the window holds no failure and no slow call (buckets not yet
+        evicted included: it may say False too often, never True too often)."""
+        return not (self._failures or self._slow)

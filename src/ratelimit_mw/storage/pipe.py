@@ -38,56 +38,53 @@ caller stops waiting (loop time; inf: never), and the slots a decision may take.
 class _Batch:
     """The commands of one flush, from the flush until their last reply (or failure).
 
-    Fails each caller still waiting at its deadline, one timer at a time; past the
-    last deadline it allows a grace period (ten times the wait, at least a second)
-    for the replies, then cuts the connection off rather than keep waiting on it.
+    Its callers fail at their deadlines (``check``, called by the pipeline's one
+    timer); past the last deadline it allows a grace period (ten times the wait, at
+    least a second) for the replies, then the connection is cut off rather than waited
+    on any longer.
     """
 
-    __slots__ = ("_cut_off", "_grace", "_handle", "_loop", "entries", "left")
+    __slots__ = ("done", "due", "entries", "grace", "left")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, entries: list[Queued],
-                 cut_off: Callable[[], None]) -> None:
-        self._loop = loop
+    def __init__(self, entries: list[Queued], now: float) -> None:
         self.entries = entries
         self.left = 0  # replies still to come
-        self._cut_off = cut_off
-        latest = max(deadline for _, _, _, deadline, _ in entries)
-        self._grace = math.inf if latest == math.inf else latest + max(
-            1.0, 10 * (latest - loop.time()))
-        self._handle: asyncio.TimerHandle | None = None
-        self._arm()
+        self.done = False
+        first = last = entries[0][3]
+        for entry in entries:
+            deadline = entry[3]
+            if deadline < first:
+                first = deadline
+            elif deadline > last:
+                last = deadline
+        self.due = first
+        """When ``check`` should next run (inf: never)."""
+        self.grace = math.inf if last == math.inf else last + max(1.0, 10 * (last - now))
 
-    def _arm(self) -> None:
-        waiting = [deadline for _, _, future, deadline, _ in self.entries
-                   if not future.done() and deadline != math.inf]
-        if waiting:
-            self._handle = self._loop.call_at(min(waiting), self._fire)
-        elif self._grace != math.inf:
-            self._handle = self._loop.call_at(self._grace, self._fire)
-        else:
-            self._handle = None
-
-    def _fire(self) -> None:
-        now = self._loop.time()
-        if now >= self._grace:
-            self._handle = None
-            self._cut_off()
-            return
+    def check(self, now: float) -> float:
+        """Fail the callers whose deadline has passed; the time to look again (-inf: the
+        grace period is over, cut the connection off)."""
+        if now >= self.grace:
+            return -math.inf
+        due = math.inf
         for _, _, future, deadline, _ in self.entries:
-            if deadline <= now and not future.done():
+            if future.done():
+                continue
+            if deadline <= now:
                 future.set_exception(TimeoutError("redis did not answer within the timeout"))
-        self._arm()
+            elif deadline < due:
+                due = deadline
+        self.due = due if due != math.inf else self.grace
+        return self.due
 
     def answered(self) -> None:
-        """One reply in; the timers stop with the last."""
+        """One reply in; with the last, the batch is done."""
         self.left -= 1
         if self.left <= 0:
-            self.finish()
+            self.done = True
 
     def finish(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        self.done = True
 
 
 class _Pipe(asyncio.Protocol):
@@ -177,8 +174,8 @@ class Pipeline:
     before its reply came; ``script`` is the ``SCRIPT LOAD`` command sent on NOSCRIPT.
     """
 
-    __slots__ = ("_abandon", "_client", "_connecting", "_cut", "_held", "_pending", "_pipe",
-                 "_retiring", "_script", "loading")
+    __slots__ = ("_abandon", "_client", "_connecting", "_cut", "_held", "_inflight",
+                 "_pending", "_pipe", "_retiring", "_script", "_watch", "_watch_at", "loading")
 
     def __init__(self, client: Redis, script: bytes,
                  abandon: Callable[[Slots], None]) -> None:
@@ -192,6 +189,12 @@ class Pipeline:
         self._cut = False  # the set-up is being cut off (not closed)
         self._retiring: set[asyncio.Task[None]] = set()
         self.loading = False  # a SCRIPT LOAD written and not yet answered
+        # Batches with a deadline, oldest first, until they are done; one timer (not one
+        # per batch: arming one costs more than the rest of a batch) looks at them when
+        # the earliest deadline falls due.
+        self._inflight: deque[_Batch] = deque()
+        self._watch: asyncio.TimerHandle | None = None
+        self._watch_at = math.inf
 
     def put(self, entry: Queued) -> None:
         """Queue ``entry`` for this tick's flush."""
@@ -202,7 +205,14 @@ class Pipeline:
     def _flush(self) -> None:
         entries, self._pending = self._pending, []
         loop = asyncio.get_running_loop()
-        batch = _Batch(loop, entries, self._cut_off)
+        batch = _Batch(entries, loop.time())
+        if batch.due != math.inf:
+            inflight = self._inflight
+            while inflight and inflight[0].done:
+                inflight.popleft()
+            inflight.append(batch)
+            if batch.due < self._watch_at:
+                self._arm(loop, batch.due)
         pipe = self._pipe
         if pipe is not None and not pipe.transport.is_closing():
             pipe.write(batch, _live(entries))
@@ -291,6 +301,36 @@ class Pipeline:
             self._retiring.add(task)
             task.add_done_callback(self._retiring.discard)
 
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+        self._watch = loop.call_at(when, self._look)
+        self._watch_at = when
+
+    def _look(self) -> None:
+        """The timer: fail the callers past their deadline, cut off a connection whose
+        batch is past its grace period, and set the timer for the next deadline."""
+        self._watch, self._watch_at = None, math.inf
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        due = math.inf
+        cut = False
+        kept: deque[_Batch] = deque()
+        for batch in self._inflight:
+            if batch.done:
+                continue
+            when = batch.check(now)
+            if when == -math.inf:
+                cut = True
+            else:
+                kept.append(batch)
+                due = min(due, when)
+        self._inflight = kept
+        if cut:
+            self._cut_off()
+        if due != math.inf:
+            self._arm(loop, due)
+
     def _cut_off(self) -> None:
         """A batch still unanswered far past its deadlines: close the connection it waits
         on (or stop setting it up) so that no later command waits behind it."""
@@ -314,6 +354,10 @@ class Pipeline:
             pipe = self._pipe
             pipe.transport.close()
             self.lost(pipe, redis_errors.ConnectionError("the storage was closed"))
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch, self._watch_at = None, math.inf
+        self._inflight.clear()
         if self._retiring:
             await asyncio.gather(*self._retiring, return_exceptions=True)
 
