@@ -467,3 +467,47 @@ async def test_a_shorter_deadline_in_a_later_batch_still_holds() -> None:
                 await first
         finally:
             await storage.close()
+
+
+@pytest.mark.parametrize("usage", [False, True])
+def test_a_packed_decision_is_the_command_redis_py_would_send(usage: bool) -> None:
+    """The hand-packed EVALSHA is byte for byte what redis-py packs for the same
+    arguments, for a new identity and for one whose keys were packed before."""
+    from redis.connection import Connection as SyncConnection  # never connected: packs
+
+    from ratelimit_mw.storage import wire
+    from ratelimit_mw.storage.keys import counter_suffix
+
+    hits = (Hit(Limit.parse("10/minute", "token_bucket", burst=20)),
+            Hit(Limit.parse("1000/day", "fixed_window"), 3, "route:/x"),
+            Hit(Limit.concurrency(2)))
+    packed = wire.pack_plan("f" * 40, hits, usage)
+    encoder = SyncConnection()
+    for tag, lease in [(b"rl:{ip:10.0.0.1}:", b"lease-1"), (b"rl:{ip:10.0.0.1}:", b"lease-2"),
+                       (b"rl:{key:\xc3\xa9}:", b"")]:
+        keys = [tag + counter_suffix(hit.scope, hit.limit.uid).encode() for hit in hits]
+        if usage:
+            keys.append(tag + b"u:")
+        args = [str(value).encode() for hit in hits for value in (
+            hit.limit.algorithm, hit.limit.amount, hit.limit.period_us, hit.limit.capacity,
+            hit.cost)]
+        spec = b"168,90" if usage else b""
+        expected = b"".join(encoder.pack_command(
+            "EVALSHA", "f" * 40, len(keys), *keys, b"", lease, spec, *args))
+        assert packed.command(tag, b"", lease, spec) == expected
+
+
+async def test_a_list_of_hits_changed_between_decisions_is_packed_again(
+    redis_url: str, redis_prefix: str,
+) -> None:
+    """Only a plan's merged hits (immutable) are known by identity: a list the caller
+    changes is packed from what it holds now."""
+    storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, timeout=1.0)
+    try:
+        hits = [Hit(Limit.parse("100/minute", "fixed_window"))]
+        assert (await storage.decide("k", hits)).decisions[0].remaining == 99
+        hits[0] = Hit(Limit.parse("1/minute", "fixed_window"))
+        assert (await storage.decide("k", hits)).allowed
+        assert not (await storage.decide("k", hits)).allowed
+    finally:
+        await storage.close()

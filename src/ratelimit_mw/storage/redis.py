@@ -21,19 +21,21 @@ from ..policy import ALGORITHM_NAMES, Hit
 from .base import (
     BUCKET_SECONDS,
     Granularity,
+    MergedHits,
     Storage,
     UsageRetention,
     bucket_range,
     decision_from,
     merge_hits,
 )
-from .keys import check_prefix, identity_tag, redis_key
+from .keys import check_prefix, counter_suffix, identity_tag, redis_key
 from .pipe import Kind, Pipeline, Slots
-from .wire import pack_plan, pack_release, pack_script_load, slots_taken
+from .wire import PackedPlan, pack_plan, pack_release, pack_script_load, slots_taken
 
 __all__ = ["RedisStorage", "decide_script_source"]
 
 # RedisClusterException (no topology, slot not covered) is not a RedisError.
+_CACHED = 4096  # packed plans and tags kept per storage (then forgotten at once)
 _FAILURES = (redis_errors.RedisError, redis_errors.RedisClusterException, OSError,
              asyncio.TimeoutError)
 
@@ -76,8 +78,9 @@ class RedisStorage(Storage):
     Errors are raised as ``StorageError``; what to do then is the caller's policy.
     """
 
-    __slots__ = ("_client", "_clock", "_encode", "_owns_client", "_pipeline", "_script",
-                 "_usage_spec", "pipeline", "prefix", "retention", "timeout")
+    __slots__ = ("_client", "_clock", "_encode", "_owns_client", "_pipeline", "_plans",
+                 "_script", "_tags", "_usage_bytes", "_usage_spec", "pipeline", "prefix",
+                 "retention", "timeout")
 
     def __init__(
         self,
@@ -103,6 +106,9 @@ class RedisStorage(Storage):
             raise ConfigError(msg)
         self.retention = UsageRetention(*usage_retention).check()
         self._usage_spec = f"{self.retention.hours},{self.retention.days}"  # see decide.lua
+        self._usage_bytes = self._usage_spec.encode()
+        self._plans: dict[int, tuple[Sequence[Hit], bool, PackedPlan]] = {}
+        self._tags: dict[str, bytes] = {}
         self._client = client
         self._owns_client = owns_client
         # Tests only: decide on this clock instead of Redis's TIME, so that the
@@ -161,20 +167,19 @@ class RedisStorage(Storage):
         hits = merge_hits(hits)
         if not hits and not usage:
             return Verdict(True, ())
-        tag = identity_tag(self.prefix, key)
         clock = "" if self._clock is None else str(round(self._clock() * 1_000_000))
-        spec = self._usage_spec if usage else ""
         try:
             if self.pipeline:
-                plan = pack_plan(self._script.sha,
-                                 hits if isinstance(hits, tuple) else tuple(hits), usage)
+                plan = self._packed(hits, usage)
                 slots = plan.slots
                 lease_id = _lease_id() if slots else ""
-                command = plan.command(self._encode(tag), clock.encode(), lease_id.encode(),
-                                       spec.encode())
+                command = plan.command(self._packed_tag(key), clock.encode(), lease_id.encode(),
+                                       self._usage_bytes if usage else b"")
                 reply = await self._queue("decide", command, timeout,
                                           (key, slots, lease_id) if slots else None)
             else:
+                tag = identity_tag(self.prefix, key)
+                spec = self._usage_spec if usage else ""
                 slots = slots_taken(hits)
                 lease_id = _lease_id() if slots else ""
                 keys = [redis_key(self.prefix, key, hit.scope, hit.limit.uid) for hit in hits]
@@ -202,6 +207,30 @@ class RedisStorage(Storage):
             raise StorageError(msg) from exc
         return verdict
 
+    def _packed(self, hits: Sequence[Hit], usage: bool) -> PackedPlan:
+        """What the decisions of ``hits`` share on the wire. A plan's merged hits (never
+        changed, so known by identity) skip hashing every hit again."""
+        if type(hits) is not MergedHits:
+            return pack_plan(self._script.sha, tuple(hits), usage)
+        cached = self._plans.get(id(hits))
+        if cached is not None and cached[0] is hits and cached[1] is usage:
+            return cached[2]
+        plan = pack_plan(self._script.sha, hits, usage)
+        if len(self._plans) >= _CACHED:
+            self._plans.clear()
+        self._plans[id(hits)] = (hits, usage, plan)  # holds hits: its id stays its own
+        return plan
+
+    def _packed_tag(self, key: str) -> bytes:
+        """The encoded hash tag of ``key``'s keys (an identity decides, gives its slot
+        back, and comes again)."""
+        tag = self._tags.get(key)
+        if tag is None:
+            if len(self._tags) >= _CACHED:
+                self._tags.clear()
+            tag = self._tags[key] = self._encode(identity_tag(self.prefix, key))
+        return tag
+
     def _queue(self, kind: Kind, command: bytes, timeout: float | None = None,
                slots: Slots | None = None) -> asyncio.Future[Any]:
         """Queue one command for the next flush (queued at once, so a caller cancelled
@@ -226,8 +255,8 @@ class RedisStorage(Storage):
 
     def _queue_release(self, lease: Lease) -> asyncio.Future[Any]:
         """The ZREM that gives ``lease``'s slot back, queued for the next flush."""
-        name = redis_key(self.prefix, lease.key, lease.scope, lease.uid)
-        return self._queue("release", pack_release(self._encode(name), lease.id.encode()))
+        name = self._packed_tag(lease.key) + self._encode(counter_suffix(lease.scope, lease.uid))
+        return self._queue("release", pack_release(name, lease.id.encode()))
 
     async def release(self, leases: Sequence[Lease]) -> None:
         """Give slots back: one ZREM each, in the next pipeline flush with the decisions

@@ -35,15 +35,24 @@ class PackedPlan(NamedTuple):
     """Five arguments per hit: algorithm, amount, period, capacity, cost."""
     slots: tuple[tuple[str, str], ...]
     """``(scope, uid)`` of each hit that takes a concurrency slot."""
+    packed_keys: dict[bytes, bytes]
+    """The keys packed for each recent identity tag (an identity comes again)."""
 
     def command(self, tag: bytes, clock: bytes, lease: bytes, usage: bytes) -> bytes:
         """The whole command for one identity (see decide.lua for the arguments)."""
-        size = len(tag)
-        return b"".join([
-            self.head,
-            *[b"$%d\r\n%b%b\r\n" % (size + len(key), tag, key) for key in self.keys],
-            bulk(clock), bulk(lease), bulk(usage), self.tail,
-        ])
+        cache = self.packed_keys
+        keys = cache.get(tag)
+        if keys is None:
+            if len(cache) >= _PACKED_KEYS:
+                cache.clear()
+            size = len(tag)
+            keys = cache[tag] = b"".join([
+                b"$%d\r\n%b%b\r\n" % (size + len(key), tag, key) for key in self.keys])
+        return b"%b%b$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n%b" % (
+            self.head, keys, len(clock), clock, len(lease), lease, len(usage), usage, self.tail)
+
+
+_PACKED_KEYS = 1024
 
 
 @lru_cache(maxsize=512)
@@ -61,7 +70,7 @@ def pack_plan(sha: str, hits: tuple[Hit, ...], usage: bool) -> PackedPlan:
     count = 3 + len(keys) + 3 + 5 * len(hits)
     head = b"*%d\r\n%b%b%b" % (count, bulk(b"EVALSHA"), bulk(sha.encode()),
                               bulk(b"%d" % len(keys)))
-    return PackedPlan(head, tuple(keys), tail, slots_taken(hits))
+    return PackedPlan(head, tuple(keys), tail, slots_taken(hits), {})
 
 
 def slots_taken(hits: Sequence[Hit]) -> tuple[tuple[str, str], ...]:
