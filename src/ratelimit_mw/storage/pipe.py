@@ -87,9 +87,9 @@ class _Batch:
         self.done = True
 
 
-class _Pipe(asyncio.Protocol):
-    """The connection's protocol once it is set up: replies go to the commands written
-    on it, oldest first."""
+class _Pipe:
+    """The connection's protocol (an ``asyncio.Protocol`` by its methods) once it is set
+    up: replies go to the commands written on it, oldest first."""
 
     __slots__ = ("_owner", "_reader", "closed", "connection", "transport", "waiting")
 
@@ -152,6 +152,12 @@ class _Pipe(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         return False  # the transport closes itself; connection_lost follows
+
+    def pause_writing(self) -> None:
+        """Redis reads slower than we write: the transport buffers (deadlines bound it)."""
+
+    def resume_writing(self) -> None:
+        """The transport's buffer has drained."""
 
 
 _PUSH = hiredis.PushNotification
@@ -244,7 +250,7 @@ class Pipeline:
                 return
             self._fail_held(exc)
             if not isinstance(exc, Exception):
-                raise
+                raise exc  # not a bare raise after an await: see middleware._holding_slots
             return
         self._connecting = None
         self._pipe = pipe

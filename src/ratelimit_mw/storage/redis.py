@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from importlib.resources import files
 from typing import Any
 
+from mypy_extensions import mypyc_attr
 from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.commands.core import AsyncScript
@@ -69,6 +70,7 @@ _lease_id = _LeaseIds()
 os.register_at_fork(after_in_child=_lease_id.renew)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class RedisStorage(Storage):
     """Counters in Redis, shared by every process that uses the same server.
 
