@@ -320,10 +320,12 @@ async def test_a_slot_granted_after_its_caller_gave_up_goes_back(
 
 
 @asynccontextmanager
-async def scripted_redis(answer: bytes) -> AsyncIterator[tuple[str, asyncio.Event]]:
+async def scripted_redis(
+    answer: bytes, **answers: bytes,
+) -> AsyncIterator[tuple[str, asyncio.Event]]:
     """A server that answers the connection set-up (``HELLO``, ``CLIENT ...``) with
-    ``+OK`` and every other command with ``answer``; the event is set when a client
-    hangs up."""
+    ``+OK``, a command named in ``answers`` (``SCRIPT=b"..."``) with its answer, and
+    every other command with ``answer``; the event is set when a client hangs up."""
     import hiredis
 
     closed = asyncio.Event()
@@ -336,8 +338,9 @@ async def scripted_redis(answer: bytes) -> AsyncIterator[tuple[str, asyncio.Even
             while data := await reader.read(65536):
                 commands.feed(data)
                 while (command := commands.gets()) is not False:
-                    set_up = command[0].upper() in (b"HELLO", b"CLIENT")
-                    writer.write(b"+OK\r\n" if set_up else answer)
+                    name = command[0].upper()
+                    set_up = name in (b"HELLO", b"CLIENT")
+                    writer.write(b"+OK\r\n" if set_up else answers.get(name.decode(), answer))
         closed.set()
         writer.close()
 
@@ -511,3 +514,96 @@ async def test_a_list_of_hits_changed_between_decisions_is_packed_again(
         assert not (await storage.decide("k", hits)).allowed
     finally:
         await storage.close()
+
+
+async def test_closing_while_a_connection_is_set_up_fails_its_callers() -> None:
+    """close() just after a decision asked for a connection (even before the set-up
+    began): the caller gets a StorageError, and the storage connects again when used."""
+    async with frozen_redis() as (url, _):
+        storage = RedisStorage(aioredis.Redis.from_url(url), timeout=5.0, owns_client=True)
+        decision = asyncio.ensure_future(storage.decide("k", [HIT]))
+        await asyncio.sleep(0)  # queued; the flush and the set-up come later
+        await asyncio.sleep(0)
+        await storage.close()
+        with pytest.raises(StorageError, match="closed"):
+            await asyncio.wait_for(decision, 1.0)
+        with pytest.raises(StorageError, match="within the timeout"):
+            await storage.decide("k", [HIT], timeout=0.1)  # a new set-up, timed as usual
+        await storage.close()
+
+
+async def test_closing_fails_queued_callers_without_cancelling_them(
+    redis_url: str, redis_prefix: str,
+) -> None:
+    """Callers whose commands were not sent yet when the storage closes get a
+    StorageError (their failure policy answers), not a CancelledError."""
+    storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, timeout=1.0)
+    await storage.decide("warm", [HIT])
+    queued = [asyncio.ensure_future(storage.decide(f"k{i}", [HIT])) for i in range(3)]
+    await asyncio.sleep(0)  # each has queued its command; the flush comes next tick
+    await storage.close()
+    results = await asyncio.gather(*queued, return_exceptions=True)
+    assert all(isinstance(r, StorageError) for r in results), results
+
+
+async def test_the_clients_socket_timeout_bounds_pipelined_decisions() -> None:
+    """No storage timeout and no caller timeout: the client's own socket_timeout still
+    bounds a decision (the pipe reads replies without redis-py)."""
+    async with scripted_redis(b"") as (url, _):  # set up, then never answers
+        client = aioredis.Redis.from_url(url, socket_timeout=0.2)
+        storage = RedisStorage(client, owns_client=True)
+        try:
+            start = time.monotonic()
+            with pytest.raises(StorageError):
+                await storage.decide("k", [HIT])
+            assert time.monotonic() - start < 1.0
+        finally:
+            await storage.close()
+
+
+async def test_a_give_back_without_a_deadline_does_not_spare_its_batch_a_cut_off(
+    redis_url: str, redis_prefix: str,
+) -> None:
+    """A release with no deadline in the same batch as a timed decision: the batch
+    is still cut off after the decision's grace period, and the release fails."""
+    async with frozen_redis() as (url, closed):
+        storage = RedisStorage(aioredis.Redis.from_url(url), owns_client=True)
+        try:
+            start = time.monotonic()
+            results = await asyncio.gather(
+                storage.decide("k", [HIT], timeout=0.1),
+                storage.release([Lease("k", "", "uid", "lease")]),
+                return_exceptions=True)
+            assert all(isinstance(r, StorageError) for r in results), results
+            await asyncio.wait_for(closed.wait(), 1.0)
+            assert 1.0 < time.monotonic() - start < 2.5
+        finally:
+            await storage.close()
+
+
+async def test_a_resp3_false_reply_keeps_the_replies_in_order() -> None:
+    """RESP3's false (``#f``) is a reply like any other: it answers its own command,
+    and the next command gets the next reply."""
+    async with scripted_redis(b"#f\r\n") as (url, _):
+        storage = RedisStorage.from_url(url, timeout=1.0)
+        try:
+            for _ in range(2):
+                start = time.monotonic()
+                with pytest.raises(StorageError, match="not a decision"):
+                    await storage.decide("k", [HIT])
+                assert time.monotonic() - start < 0.5
+        finally:
+            await storage.close()
+
+
+async def test_a_script_that_cannot_be_loaded_says_why() -> None:
+    """NOSCRIPT, then SCRIPT LOAD refused: the decision fails with the load's error,
+    not with a bare NOSCRIPT."""
+    async with scripted_redis(b"-NOSCRIPT No matching script\r\n",
+                              SCRIPT=b"-NOPERM this user has no permissions\r\n") as (url, _):
+        storage = RedisStorage.from_url(url, timeout=1.0)
+        try:
+            with pytest.raises(StorageError, match="NOPERM"):
+                await storage.decide("k", [HIT])
+        finally:
+            await storage.close()

@@ -44,21 +44,23 @@ class _Batch:
     on any longer.
     """
 
-    __slots__ = ("done", "due", "entries", "grace", "left")
+    __slots__ = ("done", "due", "entries", "grace", "left", "pipe")
 
     def __init__(self, entries: list[Queued], now: float) -> None:
         self.entries = entries
         self.left = 0  # replies still to come
         self.done = False
-        first = last = entries[0][3]
+        self.pipe: _Pipe | None = None  # the connection it was written on
+        first = last = math.inf
         for entry in entries:
             deadline = entry[3]
             if deadline < first:
                 first = deadline
-            elif deadline > last:
+            if deadline != math.inf and (last == math.inf or deadline > last):
                 last = deadline
         self.due = first
         """When ``check`` should next run (inf: never)."""
+        # An entry without a deadline does not spare the others' connection a cut-off.
         self.grace = math.inf if last == math.inf else last + max(1.0, 10 * (last - now))
 
     def check(self, now: float) -> float:
@@ -83,23 +85,27 @@ class _Batch:
         if self.left <= 0:
             self.done = True
 
-    def finish(self) -> None:
-        self.done = True
+
+_NO_REPLY = object()  # what the reader gives while a reply is incomplete (RESP3 has false)
 
 
 class _Pipe:
     """The connection's protocol (an ``asyncio.Protocol`` by its methods) once it is set
     up: replies go to the commands written on it, oldest first."""
 
-    __slots__ = ("_owner", "_reader", "closed", "connection", "transport", "waiting")
+    __slots__ = ("_owner", "_reader", "closed", "connection", "load_error", "loading",
+                 "transport", "waiting")
 
     def __init__(self, owner: Pipeline, connection: AbstractConnection,
                  transport: asyncio.WriteTransport) -> None:
         self._owner = owner
         self.connection = connection
         self.transport = transport
-        self._reader = hiredis.Reader(replyError=redis_errors.ResponseError)
+        self._reader = hiredis.Reader(replyError=redis_errors.ResponseError,
+                                      notEnoughData=_NO_REPLY)
         self.closed = False
+        self.loading = False  # a SCRIPT LOAD written and not yet answered
+        self.load_error: Exception | None = None  # why the last SCRIPT LOAD failed
         # (batch, entry, sent again after NOSCRIPT) of each command written and not yet
         # answered; batch and entry None for the SCRIPT LOAD written after a NOSCRIPT.
         self.waiting: deque[tuple[_Batch | None, Queued | None, bool]] = deque()
@@ -107,13 +113,24 @@ class _Pipe:
     def write(self, batch: _Batch, entries: list[Queued]) -> None:
         """Send ``entries`` (of ``batch``) in one write."""
         if not entries:
-            batch.finish()
+            batch.done = True
             return
+        batch.pipe = self
         waiting = self.waiting
         for entry in entries:
             waiting.append((batch, entry, False))
         batch.left += len(entries)
         self.transport.write(b"".join([entry[1] for entry in entries]))
+
+    def reload(self, script: bytes, batch: _Batch, entry: Queued) -> None:
+        """After NOSCRIPT (a restarted or flushed Redis): load the script, once for all
+        the commands written before the load, and send ``entry`` again (only once)."""
+        if not self.loading:
+            self.loading = True
+            self.waiting.append((None, None, False))
+            self.transport.write(script)
+        self.waiting.append((batch, entry, True))
+        self.transport.write(entry[1])
 
     def data_received(self, data: bytes) -> None:
         reader = self._reader
@@ -121,19 +138,22 @@ class _Pipe:
         waiting = self.waiting
         owner = self._owner
         try:
-            while (reply := reader.gets()) is not False:
+            while (reply := reader.gets()) is not _NO_REPLY:
                 if isinstance(reply, _PUSH):
                     continue  # RESP3 out-of-band news (maintenance notices): no reply
                 batch, entry, again = waiting.popleft()
                 if batch is None or entry is None:  # the reply to SCRIPT LOAD
-                    owner.loading = False
+                    self.loading = False
+                    self.load_error = reply if isinstance(reply, Exception) else None
                     continue
                 if isinstance(reply, redis_errors.ResponseError):
                     reply = _error(reply)
-                    if (isinstance(reply, redis_errors.NoScriptError) and not again
-                            and not entry[2].done()):
-                        owner.reload(self, batch, entry)
-                        continue
+                    if isinstance(reply, redis_errors.NoScriptError):
+                        if not again and not entry[2].done():
+                            self.reload(owner.script, batch, entry)
+                            continue
+                        if again and self.load_error is not None:
+                            reply = self.load_error  # why the script is still missing
                     elif isinstance(reply, redis_errors.ReadOnlyError):
                         # A primary demoted by a failover: connect again (Sentinel then
                         # names the new primary).
@@ -144,7 +164,7 @@ class _Pipe:
             # Bytes that are not RESP, or a reply to nothing: nothing after them can be
             # matched to its command.
             self.transport.abort()
-            self._owner.lost(self, redis_errors.ConnectionError(f"bad reply from redis: {exc}"))
+            owner.lost(self, redis_errors.ConnectionError(f"bad reply from redis: {exc}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._owner.lost(self, redis_errors.ConnectionError(
@@ -178,15 +198,16 @@ class Pipeline:
 
     ``abandon`` receives the slots of an admitted decision whose caller stopped waiting
     before its reply came; ``script`` is the ``SCRIPT LOAD`` command sent on NOSCRIPT.
+    After ``close()`` it may be used again: it connects anew (and must be closed again).
     """
 
     __slots__ = ("_abandon", "_client", "_connecting", "_cut", "_held", "_inflight",
-                 "_pending", "_pipe", "_retiring", "_script", "_watch", "_watch_at", "loading")
+                 "_pending", "_pipe", "_retiring", "_watch", "_watch_at", "script")
 
     def __init__(self, client: Redis, script: bytes,
                  abandon: Callable[[Slots], None]) -> None:
         self._client = client
-        self._script = script
+        self.script = script
         self._abandon = abandon
         self._pending: list[Queued] = []  # queued in this tick, written at its end
         self._held: list[tuple[_Batch, list[Queued]]] = []  # flushed while connecting
@@ -194,7 +215,6 @@ class Pipeline:
         self._connecting: asyncio.Task[None] | None = None
         self._cut = False  # the set-up is being cut off (not closed)
         self._retiring: set[asyncio.Task[None]] = set()
-        self.loading = False  # a SCRIPT LOAD written and not yet answered
         # Batches with a deadline, oldest first, until they are done; one timer (not one
         # per batch: arming one costs more than the rest of a batch) looks at them when
         # the earliest deadline falls due.
@@ -210,6 +230,8 @@ class Pipeline:
 
     def _flush(self) -> None:
         entries, self._pending = self._pending, []
+        if not entries:  # close() failed them meanwhile
+            return
         loop = asyncio.get_running_loop()
         batch = _Batch(entries, loop.time())
         if batch.due != math.inf:
@@ -225,7 +247,8 @@ class Pipeline:
             return
         self._held.append((batch, entries))
         if self._connecting is None:
-            self._connecting = loop.create_task(self._connect())
+            task = self._connecting = loop.create_task(self._connect())
+            task.add_done_callback(self._connected)
 
     async def _connect(self) -> None:
         """Set up the connection with the client's connection class, then take it over;
@@ -243,25 +266,34 @@ class Pipeline:
             transport.set_protocol(pipe)
         except BaseException as exc:
             await connection.disconnect(nowait=True)
-            self._connecting = None
-            if self._cut and isinstance(exc, asyncio.CancelledError):
-                self._cut = False
-                self._fail_held(TimeoutError("redis did not answer; connection set-up cut off"))
-                return
-            self._fail_held(exc)
             if not isinstance(exc, Exception):
-                raise exc  # not a bare raise after an await: see middleware._holding_slots
+                raise exc  # cancelled: ``_connected`` fails what was held
+            self._connecting = None
+            self._fail_held(exc)
             return
         self._connecting = None
-        self._pipe = pipe
+        old, self._pipe = self._pipe, pipe
+        if old is not None:  # closing (READONLY): nothing more will be read from it
+            self.lost(old, redis_errors.ConnectionError("connection to redis replaced"))
         held, self._held = self._held, []
         for batch, entries in held:
             pipe.write(batch, _live(entries))
 
+    def _connected(self, task: asyncio.Task[None]) -> None:
+        """The set-up task ended; cancelled (cut off or closed, perhaps before it
+        started), it fails what it was to write."""
+        if self._connecting is task:
+            self._connecting = None
+        if task.cancelled():
+            self._fail_held(
+                TimeoutError("redis did not answer; connection set-up cut off") if self._cut
+                else redis_errors.ConnectionError("the storage was closed"))
+        self._cut = False
+
     def _fail_held(self, exc: BaseException) -> None:
         held, self._held = self._held, []
         for batch, entries in held:
-            batch.finish()
+            batch.done = True
             for entry in entries:
                 _fail(entry[2], exc)
 
@@ -279,25 +311,14 @@ class Pipeline:
         else:
             future.set_result(reply)
 
-    def reload(self, pipe: _Pipe, batch: _Batch, entry: Queued) -> None:
-        """After NOSCRIPT (a restarted or flushed Redis): load the script, once for all
-        the commands written before the load, and send ``entry`` again (only once)."""
-        if not self.loading:
-            self.loading = True
-            pipe.waiting.append((None, None, False))
-            pipe.transport.write(self._script)
-        pipe.waiting.append((batch, entry, True))
-        pipe.transport.write(entry[1])
-
     def lost(self, pipe: _Pipe, exc: Exception) -> None:
         """The connection is gone: every command still waiting on it fails."""
         if self._pipe is pipe:
             self._pipe = None
-            self.loading = False
         waiting, pipe.waiting = pipe.waiting, deque()
         for batch, entry, _ in waiting:
             if batch is not None:
-                batch.finish()
+                batch.done = True
             if entry is not None:
                 _fail(entry[2], exc)
         if not pipe.closed:
@@ -320,46 +341,50 @@ class Pipeline:
         loop = asyncio.get_running_loop()
         now = loop.time()
         due = math.inf
-        cut = False
+        cut: list[_Batch] = []
         kept: deque[_Batch] = deque()
         for batch in self._inflight:
             if batch.done:
                 continue
             when = batch.check(now)
             if when == -math.inf:
-                cut = True
+                cut.append(batch)
             else:
                 kept.append(batch)
                 due = min(due, when)
         self._inflight = kept
-        if cut:
-            self._cut_off()
+        for batch in cut:
+            self._cut_off(batch)
         if due != math.inf:
             self._arm(loop, due)
 
-    def _cut_off(self) -> None:
-        """A batch still unanswered far past its deadlines: close the connection it waits
-        on (or stop setting it up) so that no later command waits behind it."""
-        if self._pipe is not None:
-            pipe = self._pipe
-            pipe.transport.abort()
-            self.lost(pipe, redis_errors.TimeoutError("redis did not answer; connection cut off"))
-        elif self._connecting is not None:
+    def _cut_off(self, batch: _Batch) -> None:
+        """``batch`` is still unanswered far past its deadlines: close the connection it
+        waits on (or stop setting one up) so that no later command waits behind it."""
+        pipe = batch.pipe
+        if pipe is not None:
+            if not pipe.closed:
+                pipe.transport.abort()
+                self.lost(pipe, redis_errors.TimeoutError(
+                    "redis did not answer; connection cut off"))
+        elif not batch.done and self._connecting is not None:
             self._cut = True
             self._connecting.cancel()
 
     async def close(self) -> None:
-        """Close the connection; callers still waiting are cancelled."""
+        """Close the connection; callers still waiting fail with a ConnectionError."""
+        closed = redis_errors.ConnectionError("the storage was closed")
         pending, self._pending = self._pending, []
         for entry in pending:
-            entry[2].cancel()
+            _fail(entry[2], closed)
         if self._connecting is not None:
             self._connecting.cancel()
             await asyncio.gather(self._connecting, return_exceptions=True)
+        self._fail_held(closed)
         if self._pipe is not None:
             pipe = self._pipe
             pipe.transport.close()
-            self.lost(pipe, redis_errors.ConnectionError("the storage was closed"))
+            self.lost(pipe, closed)
         if self._watch is not None:
             self._watch.cancel()
             self._watch, self._watch_at = None, math.inf
@@ -374,9 +399,5 @@ def _live(entries: list[Queued]) -> list[Queued]:
 
 
 def _fail(future: asyncio.Future[Any], exc: BaseException) -> None:
-    if future.done():
-        return
-    if isinstance(exc, asyncio.CancelledError):
-        future.cancel()
-    else:
+    if not future.done():
         future.set_exception(exc)

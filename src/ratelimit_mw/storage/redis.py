@@ -81,8 +81,8 @@ class RedisStorage(Storage):
     """
 
     __slots__ = ("_client", "_clock", "_encode", "_owns_client", "_pipeline", "_plans",
-                 "_script", "_tags", "_usage_bytes", "_usage_spec", "pipeline", "prefix",
-                 "retention", "timeout")
+                 "_script", "_socket_timeout", "_tags", "_usage_bytes", "_usage_spec",
+                 "pipeline", "prefix", "retention", "timeout")
 
     def __init__(
         self,
@@ -109,6 +109,10 @@ class RedisStorage(Storage):
         self.retention = UsageRetention(*usage_retention).check()
         self._usage_spec = f"{self.retention.hours},{self.retention.days}"  # see decide.lua
         self._usage_bytes = self._usage_spec.encode()
+        kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+        socket_timeout = kwargs.get("socket_timeout") if self.pipeline else None
+        self._socket_timeout: float | None = (
+            float(socket_timeout) if isinstance(socket_timeout, int | float) else None)
         self._plans: dict[int, tuple[Sequence[Hit], bool, PackedPlan]] = {}
         self._tags: dict[str, bytes] = {}
         self._client = client
@@ -237,12 +241,15 @@ class RedisStorage(Storage):
                slots: Slots | None = None) -> asyncio.Future[Any]:
         """Queue one command for the next flush (queued at once, so a caller cancelled
         right after still has its command sent). Its caller waits at most the shorter of
-        ``timeout`` and the storage's timeout (a release at least 1 s, as a slot not
-        given back stays taken for its whole lease)."""
+        ``timeout`` and the storage's timeout, else the client's socket timeout (a
+        release at least 1 s, as a slot not given back stays taken for its whole
+        lease)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         wait = timeout if self.timeout is None else (
             self.timeout if timeout is None else min(timeout, self.timeout))
+        if wait is None:  # the pipe reads without redis-py, so its socket timeout is ours
+            wait = self._socket_timeout
         if kind == "release" and wait is not None:
             wait = max(1.0, wait)
         self._pipeline.put((kind, command, future,  # type: ignore[union-attr]
