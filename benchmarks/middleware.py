@@ -2,7 +2,9 @@
 
 Each app runs in its own uvicorn subprocess (one worker) and is loaded with ``wrk``
 (or, without it, a small asyncio HTTP/1.1 keep-alive load generator). Printed:
-requests per second of each app and its ratio to the bare app.
+requests per second of each app (its best run) and its ratio to the bare app (the
+median over the rounds; the bare app runs again after every two apps, and each app
+is compared with the bare runs just before and after it).
 
     python benchmarks/middleware.py [--seconds 5] [--connections 32] [--redis URL]
                                     [--server auto|h11|httptools]
@@ -40,11 +42,14 @@ import os
 import re
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from redis_count import ClientCommands  # benchmarks/ is on sys.path (script or --app-dir)
 from starlette.applications import Starlette
@@ -220,16 +225,57 @@ async def _python_load(port: int, seconds: float, connections: int) -> float:
     return done / (time.monotonic() - start)
 
 
-def measure(kind: str, redis_url: str, seconds: float, connections: int, python: str) -> float:
-    """Requests per second of one app (after a one-second warm-up)."""
+class Run(NamedTuple):
+    """One measured run of one app."""
+
+    rate: float
+    """Requests per second."""
+    app_us: float
+    """CPU time of the uvicorn process per request, in microseconds."""
+    redis_us: float
+    """CPU time of redis-server per request (0: not measured, e.g. Redis elsewhere)."""
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    """User plus system CPU time of a local process so far (0 when it can't be read)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError, TypeError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _redis_pid(redis_url: str) -> int | None:
+    """redis-server's process id, when it runs on this machine."""
+    import redis
+
+    try:
+        client = redis.Redis.from_url(redis_url)
+        try:
+            pid = int(client.info("server")["process_id"])
+        finally:
+            client.close()
+    except (redis.RedisError, KeyError, ValueError):
+        return None
+    return pid if os.path.exists(f"/proc/{pid}/stat") else None
+
+
+def measure(kind: str, redis_url: str, seconds: float, connections: int, python: str) -> Run:
+    """Requests per second of one app (after a one-second warm-up), and the CPU time
+    per request it cost the server and redis-server."""
     prefix = f"bench:{uuid.uuid4().hex[:8]}:"
     proc, port = _serve(kind, redis_url, python, prefix)
+    redis_pid = _redis_pid(redis_url)
     try:
-        if shutil.which("wrk"):
-            _wrk(port, 1, connections)
-            return _wrk(port, seconds, connections)
-        asyncio.run(_python_load(port, 1, connections))
-        return asyncio.run(_python_load(port, seconds, connections))
+        load = (lambda s: _wrk(port, s, connections)) if shutil.which("wrk") else (
+            lambda s: asyncio.run(_python_load(port, s, connections)))
+        load(1)
+        app, server = _cpu_seconds(proc.pid), _cpu_seconds(redis_pid)
+        rate = load(seconds)
+        app, server = _cpu_seconds(proc.pid) - app, _cpu_seconds(redis_pid) - server
+        served = max(1.0, rate * seconds)
+        return Run(rate, app / served * 1e6, server / served * 1e6)
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -322,12 +368,44 @@ async def _python_load_count(port: int, requests: int, connections: int) -> None
         writer.close()
 
 
+def compare(apps: list[str], rounds: int, run: Callable[[str], Run],
+            ) -> tuple[dict[str, float], dict[str, list[float]], dict[str, list[Run]]]:
+    """Each app's best req/s, its ratios to the bare app (one per round), and its runs.
+
+    The bare app runs again after every two apps, and each app is compared with the
+    mean of the bare runs just before and after it: on a machine whose speed drifts
+    (a shared VM), a ratio then compares runs a few seconds apart, not the best of
+    each over the whole run.
+    """
+    others = [app for app in apps if app != "bare"]
+    best: dict[str, float] = {}
+    ratios: dict[str, list[float]] = {app: [] for app in others}
+    runs: dict[str, list[Run]] = {app: [] for app in ["bare", *others]}
+
+    def run_of(app: str) -> float:
+        done = run(app)
+        runs[app].append(done)
+        best[app] = max(done.rate, best.get(app, 0.0))
+        return done.rate
+
+    for _ in range(rounds):
+        before = run_of("bare")
+        for start in range(0, len(others), 2):
+            rates = {app: run_of(app) for app in others[start:start + 2]}
+            after = run_of("bare")
+            for app, rate in rates.items():
+                ratios[app].append(rate / ((before + after) / 2))
+            before = after
+    return best, ratios, runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
-    parser.add_argument("--rounds", type=int, default=1, help="runs per app; the best counts")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs per app; the median ratio counts")
     parser.add_argument("--python", default=sys.executable,
                         help="interpreter that runs uvicorn (e.g. one with uvicorn[standard])")
     parser.add_argument("--no-round-trips", action="store_true",
@@ -355,21 +433,30 @@ def main() -> None:
              "u.find_spec('httptools') and u.find_spec('uvloop') else 'h11+asyncio')"],
             capture_output=True, text=True, check=True).stdout.strip())
     print(f"# {tool}, {args.connections} connections, {args.seconds:g} s per run, "
-          f"uvicorn 1 worker ({server}), best of {args.rounds}, ratelimit_mw from "
+          f"uvicorn 1 worker ({server}), {args.rounds} round(s), ratelimit_mw from "
           f"{args.build}")
-    results: dict[str, float] = {}
-    # Rounds interleave the apps, so a noisy neighbour hurts them all alike.
-    for _ in range(args.rounds):
-        for kind in ["bare", *(a for a in args.apps if a != "bare")]:
-            rate = measure(kind, args.redis, args.seconds, args.connections, args.python)
-            results[kind] = max(rate, results.get(kind, 0.0))
-    bare = results["bare"]
-    print(f"{'app':<23} {'req/s':>10} {'ratio':>7} {'target':>7}")
-    for kind, rate in results.items():
+    best, ratios, runs = compare(args.apps, args.rounds, lambda kind: measure(
+        kind, args.redis, args.seconds, args.connections, args.python))
+    print("# ratio: the median over the rounds of req/s against the bare app measured just "
+          "before and after (range in brackets); req/s: the best run")
+    print("# app us, redis us: median CPU time per request of the uvicorn process and of "
+          "redis-server; cpu ratio: bare's app us over the app's (steadier on a noisy host)")
+    print(f"{'app':<23} {'req/s':>8} {'ratio':>6} {'(range)':>12} {'target':>12} "
+          f"{'app us':>7} {'cpu ratio':>9} {'redis us':>8}")
+    bare_us = statistics.median(r.app_us for r in runs["bare"])
+    for kind, rate in best.items():
+        app_us = statistics.median(r.app_us for r in runs[kind])
+        redis_us = statistics.median(r.redis_us for r in runs[kind])
+        cpu = f"{app_us:>7.1f} {bare_us / app_us if app_us else 0:>9.2f} {redis_us:>8.1f}"
+        if kind == "bare":
+            print(f"{kind:<23} {rate:>8.0f} {1:>6.2f} {'':>12} {'':>12} {cpu}")
+            continue
+        ratio = statistics.median(ratios[kind])
         target = TARGETS.get(kind)
-        verdict = "" if target is None else ("ok" if rate / bare >= target else "MISS")
-        mark = "" if target is None else f"{target:>7.2f} {verdict}"
-        print(f"{kind:<23} {rate:>10.0f} {rate / bare:>7.2f} {mark}")
+        verdict = "" if target is None else ("ok" if ratio >= target else "MISS")
+        mark = "" if target is None else f"{target:.2f} {verdict}"
+        spread = f"({min(ratios[kind]):.2f}-{max(ratios[kind]):.2f})"
+        print(f"{kind:<23} {rate:>8.0f} {ratio:>6.2f} {spread:>12} {mark:>12} {cpu}")
     if not args.no_round_trips and "redis-tier" in args.apps:
         round_trips(args.python, args.redis)
 
