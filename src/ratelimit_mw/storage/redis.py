@@ -35,8 +35,8 @@ from .wire import PackedPlan, pack_plan, pack_release, pack_script_load, slots_t
 
 __all__ = ["RedisStorage", "decide_script_source"]
 
-# RedisClusterException (no topology, slot not covered) is not a RedisError.
 _CACHED = 4096  # packed plans and tags kept per storage (then forgotten at once)
+# RedisClusterException (no topology, slot not covered) is not a RedisError.
 _FAILURES = (redis_errors.RedisError, redis_errors.RedisClusterException, OSError,
              asyncio.TimeoutError)
 
@@ -120,9 +120,10 @@ class RedisStorage(Storage):
         # Tests only: decide on this clock instead of Redis's TIME, so that the
         # differential tests can drive memory and Redis on the same simulated time.
         self._clock = clock
-        self._script: AsyncScript = client.register_script(decide_script_source())
+        script = decide_script_source()
+        self._script: AsyncScript = client.register_script(script)
         # Pipelined decisions and give-backs share one connection of their own.
-        self._pipeline = Pipeline(client, pack_script_load(decide_script_source()),
+        self._pipeline = Pipeline(client, pack_script_load(script),
                                   self._abandon) if self.pipeline else None
         # Keys packed by hand are encoded as redis-py would (the client's encoding).
         self._encode: Callable[[str], bytes] = (
