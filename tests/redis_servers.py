@@ -9,6 +9,7 @@ is set. Tests may kill and restart nodes through the ``RedisProcess`` handles.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import socket
@@ -32,6 +33,7 @@ __all__ = [
     "RedisProcess",
     "SentinelDeployment",
     "StartupError",
+    "delayed",
     "redis_cluster",
     "redis_cluster_url",
     "redis_sentinel",
@@ -429,3 +431,37 @@ async def storage_factory(url: str) -> AsyncIterator[StorageFactory]:
     finally:
         for storage in made:
             await storage.close()
+
+
+@asynccontextmanager
+async def delayed(redis_url: str, delay: float) -> AsyncIterator[str]:
+    """A proxy to ``redis_url`` that holds every chunk ``delay`` seconds each way."""
+    upstream = redis_url.split("//", 1)[1].split("/", 1)[0]
+    host, _, port = upstream.rpartition(":")
+
+    async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        with suppress(OSError):
+            while data := await reader.read(65536):
+                loop.call_later(delay, writer.write, data)
+        await asyncio.sleep(delay)
+        writer.close()
+
+    writers: list[asyncio.StreamWriter] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        writers.extend((writer, up_writer))
+        await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        yield f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}/0"
+    finally:
+        server.close()
+        for writer in writers:
+            writer.close()
+        for writer in writers:
+            with suppress(OSError):
+                await writer.wait_closed()
+        await asyncio.sleep(2 * delay)  # the pumps' last delayed writes

@@ -18,6 +18,7 @@ from ratelimit_mw import ConfigError, Hit, Limit, RedisStorage, Storage, Storage
 from ratelimit_mw.decision import Lease, Verdict
 from ratelimit_mw.failure import StorageGuard
 from ratelimit_mw.storage import redis as redis_storage
+from tests.redis_servers import delayed
 
 HIT = Hit(Limit.parse("100/minute", "fixed_window"))
 
@@ -80,40 +81,6 @@ async def test_a_batch_cut_off_closes_its_connection() -> None:
             assert time.monotonic() - start > 1.0
         finally:
             await storage.close()
-
-
-@asynccontextmanager
-async def delayed(redis_url: str, delay: float) -> AsyncIterator[str]:
-    """A proxy to ``redis_url`` that holds every chunk ``delay`` seconds each way."""
-    upstream = redis_url.split("//", 1)[1].split("/", 1)[0]
-    host, _, port = upstream.rpartition(":")
-
-    async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        loop = asyncio.get_running_loop()
-        with contextlib.suppress(OSError):
-            while data := await reader.read(65536):
-                loop.call_later(delay, writer.write, data)
-        await asyncio.sleep(delay)
-        writer.close()
-
-    writers: list[asyncio.StreamWriter] = []
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(host, int(port))
-        writers.extend((writer, up_writer))
-        await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
-
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    try:
-        yield f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}/0"
-    finally:
-        server.close()
-        for writer in writers:
-            writer.close()
-        for writer in writers:
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
-        await asyncio.sleep(2 * delay)  # the pumps' last delayed writes
 
 
 async def test_a_slow_connection_set_up_does_not_starve_the_storage(

@@ -21,6 +21,7 @@ from ratelimit_mw import Hit, Limit, MemoryStorage, RedisStorage, Storage
 from ratelimit_mw.middleware import RateLimitMiddleware
 from ratelimit_mw.tiers import Tier
 from tests.conftest import FakeClock, free_port
+from tests.redis_servers import delayed
 
 from .conftest import CLIENT, client_for, make_app
 
@@ -473,6 +474,33 @@ async def test_redis_many_requests_ending_together_all_give_back(
             assert await in_flight(storage, 20) == 0
     finally:
         await storage.close()
+
+
+async def test_redis_give_back_does_not_wait_for_redis_yet_comes_first(
+    redis_url: str, redis_prefix: str,
+) -> None:
+    """Through a proxy with a 400 ms round trip: a request that holds a slot costs one
+    round trip, not two (its give-back is not waited for), and the next request, sent
+    as soon as the first one ends, still finds the single slot free (the give-back
+    reaches Redis before that request's decision)."""
+    async with delayed(redis_url, 0.2) as url:
+        storage = RedisStorage.from_url(url, prefix=redis_prefix, timeout=3.0)
+        app = make_app([Route("/", lambda request: PlainTextResponse("ok"))],
+                       tiers=[Tier("t", "1000/minute", concurrency=1)], storage=storage,
+                       storage_timeout=3.0)
+        try:
+            async with client_for(app) as client:
+                assert (await client.get("/")).status_code == 200  # connected, script loaded
+                times, codes = [], []
+                for _ in range(3):
+                    start = time.monotonic()
+                    codes.append((await client.get("/")).status_code)
+                    times.append(time.monotonic() - start)
+                assert await in_flight(storage, 1) == 0
+        finally:
+            await storage.close()
+    assert codes == [200, 200, 200]
+    assert all(0.4 <= took < 0.7 for took in times), times
 
 
 @pytest.mark.redis

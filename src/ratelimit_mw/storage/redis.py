@@ -285,6 +285,17 @@ class RedisStorage(Storage):
             msg = f"redis could not release {len(leases)} slot(s): {exc}"
             raise StorageError(msg) from exc
 
+    def give_back(self, leases: Sequence[Lease]) -> asyncio.Future[Any]:
+        """``release`` without waiting for Redis (pipelined storage only): the ZREMs are
+        queued at once, so any decision this storage makes later reaches Redis after
+        them (one connection, in order), and they go out with this event-loop
+        iteration's flush. The future is done when Redis has answered them all; it
+        fails with the first error (the slots then free themselves when their lease
+        ends)."""
+        if len(leases) == 1:
+            return self._queue_release(leases[0])
+        return asyncio.gather(*[self._queue_release(lease) for lease in leases])
+
     async def usage(
         self, key: str, granularity: Granularity, start: float, end: float,
     ) -> list[tuple[int, int]]:
