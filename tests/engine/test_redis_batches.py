@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import multiprocessing
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -11,13 +12,19 @@ from contextlib import asynccontextmanager
 from multiprocessing.connection import Connection
 from typing import Any
 
+import httpx
 import pytest
 import redis.asyncio as aioredis
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
 
 from ratelimit_mw import ConfigError, Hit, Limit, RedisStorage, Storage, StorageError
 from ratelimit_mw.decision import Lease, Verdict
 from ratelimit_mw.failure import StorageGuard
+from ratelimit_mw.middleware import RateLimitMiddleware
 from ratelimit_mw.storage import redis as redis_storage
+from ratelimit_mw.tiers import Tier
 from tests.redis_servers import delayed
 
 HIT = Hit(Limit.parse("100/minute", "fixed_window"))
@@ -574,3 +581,53 @@ async def test_a_script_that_cannot_be_loaded_says_why() -> None:
                 await storage.decide("k", [HIT])
         finally:
             await storage.close()
+
+
+def test_a_storage_used_from_a_later_event_loop_still_answers(
+    redis_url: str, redis_prefix: str,
+) -> None:
+    """One storage, two ``asyncio.run`` calls (as each test's own loop, or each
+    ``TestClient`` session, would have it): the second loop's decisions are answered,
+    not left waiting on the first loop's connection and timer; Python warns, at the
+    next garbage collection, that the first loop's connection was never closed."""
+    storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, timeout=0.5)
+
+    async def decide(close: bool) -> Verdict:
+        try:
+            return await asyncio.wait_for(storage.decide("k", [HIT]), 5)
+        finally:
+            if close:
+                await storage.close()
+
+    with pytest.warns(ResourceWarning, match="unclosed"):
+        first = asyncio.run(decide(close=False))
+        second = asyncio.run(decide(close=True))
+        gc.collect()
+    assert first.allowed and second.allowed
+    assert second.decisions[0].remaining == first.decisions[0].remaining - 1
+
+
+def test_two_sessions_on_their_own_loops_share_an_apps_redis_storage(
+    redis_url: str, redis_prefix: str,
+) -> None:
+    """An app whose Redis storage the test made, driven from two event loops one after
+    the other (as ``TestClient`` sessions or per-test loops do): both sessions'
+    requests are decided by Redis, in one count."""
+    storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, timeout=1.0)
+    app = Starlette(routes=[Route("/", lambda request: PlainTextResponse("ok"))])
+    app.add_middleware(RateLimitMiddleware, tiers=[Tier("t", "100/minute")], storage=storage)
+
+    async def session(close: bool) -> str:
+        transport = httpx.ASGITransport(app=app)
+        try:
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                response = await asyncio.wait_for(client.get("/"), 10)
+        finally:
+            if close:
+                await storage.close()
+        return response.headers["x-ratelimit-remaining"]
+
+    with pytest.warns(ResourceWarning, match="unclosed"):
+        remaining = [asyncio.run(session(close=False)), asyncio.run(session(close=True))]
+        gc.collect()
+    assert remaining == ["99", "98"]

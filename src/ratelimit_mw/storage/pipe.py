@@ -14,6 +14,7 @@ command); it lives outside the client's pool, and is made again after it is lost
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections import deque
 from collections.abc import Callable
@@ -201,7 +202,7 @@ class Pipeline:
     After ``close()`` it may be used again: it connects anew (and must be closed again).
     """
 
-    __slots__ = ("_abandon", "_client", "_connecting", "_cut", "_held", "_inflight",
+    __slots__ = ("_abandon", "_client", "_connecting", "_cut", "_held", "_inflight", "_loop",
                  "_pending", "_pipe", "_retiring", "_watch", "_watch_at", "script")
 
     def __init__(self, client: Redis, script: bytes,
@@ -221,12 +222,54 @@ class Pipeline:
         self._inflight: deque[_Batch] = deque()
         self._watch: asyncio.TimerHandle | None = None
         self._watch_at = math.inf
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop all this belongs to
 
     def put(self, entry: Queued) -> None:
         """Queue ``entry`` for this tick's flush."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._move_to(loop)
         if not self._pending:
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop.call_soon(self._flush)
         self._pending.append(entry)
+
+    def _move_to(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start again on ``loop``, without what an earlier loop left behind.
+
+        A connection, a timer, a task and a future belong to the loop that made them;
+        used from a later loop (each test's own, each ``asyncio.run``, each
+        ``TestClient`` session), they would leave its callers waiting for ever. The
+        earlier loop's callers, if it still runs them, fail; its connection is dropped
+        (closed if that loop can still close it; else Python warns that it was never
+        closed, at the next garbage collection). One loop at a time, then.
+        """
+        old, self._loop = self._loop, loop
+        if old is None:
+            return
+        moved = redis_errors.ConnectionError("the storage moved to another event loop")
+        pending, self._pending = self._pending, []
+        held, self._held = self._held, []
+        pipe, self._pipe = self._pipe, None
+        connecting, self._connecting = self._connecting, None
+        watch, self._watch, self._watch_at = self._watch, None, math.inf
+        self._inflight.clear()
+        self._retiring.clear()
+        self._cut = False
+        stranded = [*pending, *(entry for _, entries in held for entry in entries)]
+        if pipe is not None:
+            pipe.closed = True
+            stranded += (entry for _, entry, _ in pipe.waiting if entry is not None)
+            pipe.waiting.clear()
+        for entry in stranded:
+            with contextlib.suppress(RuntimeError):  # the old loop is closed
+                _fail(entry[2], moved)
+        with contextlib.suppress(RuntimeError):
+            if watch is not None:
+                watch.cancel()
+            if connecting is not None:
+                connecting.cancel()
+            if pipe is not None:
+                pipe.transport.abort()
 
     def _flush(self) -> None:
         entries, self._pending = self._pending, []
