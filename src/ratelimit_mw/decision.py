@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from .policy import Hit, Limit
 
-__all__ = ["NEVER", "Decision", "Lease", "Verdict", "decision_from"]
+__all__ = ["NEVER", "Decision", "Lease", "Verdict", "binding_of", "decision_from"]
 
 NEVER = math.inf
 """``retry_after`` of a request whose cost is larger than the limit can ever admit."""
@@ -72,16 +73,40 @@ class Verdict(NamedTuple):
 
     @property
     def binding(self) -> Decision | None:
-        """The decision to report: the longest denial, else the one nearest exhaustion."""
+        """The decision to report (in single-policy headers, the 429 body, the log):
+        see ``binding_of``."""
         decisions = self.decisions
         if not decisions:
             return None
         if len(decisions) == 1:
             return decisions[0]
-        if not self.allowed:
-            denied = [d for d in decisions if not d.allowed]
-            return max(denied, key=lambda d: (d.retry_after, -d.remaining))
-        return min(decisions, key=lambda d: (d.remaining, d.reset_after))
+        return binding_of(decisions, self.allowed)
+
+
+def binding_of(decisions: Sequence[Decision], allowed: bool) -> Decision:
+    """The decision to report among several (at least one).
+
+    Denied: the longest wait, then the fewest remaining. Admitted: the rate limit
+    nearest exhaustion (free concurrency slots are not a quota to pace against, so a
+    slot is reported only when the request has no rate limit).
+    """
+    best: Decision | None = None
+    if not allowed:
+        for d in decisions:
+            if not d.allowed and (best is None or d.retry_after > best.retry_after or (
+                    d.retry_after == best.retry_after and d.remaining < best.remaining)):
+                best = d
+        return best if best is not None else decisions[0]
+    for d in decisions:
+        if not d.policy.is_concurrency and (best is None or d.remaining < best.remaining or (
+                d.remaining == best.remaining and d.reset_after < best.reset_after)):
+            best = d
+    if best is None:  # slots only
+        for d in decisions:
+            if best is None or d.remaining < best.remaining or (
+                    d.remaining == best.remaining and d.reset_after < best.reset_after):
+                best = d
+    return best if best is not None else decisions[0]
 
 
 _new = tuple.__new__

@@ -15,7 +15,7 @@ from typing import Literal, get_args
 
 from mypy_extensions import mypyc_attr
 
-from .decision import Decision, Verdict
+from .decision import Decision, Verdict, binding_of
 from .errors import ConfigError
 from .policy import Limit
 
@@ -143,7 +143,7 @@ class HeaderFormat:
         if len(decisions) == 1:
             binding = decisions[0]
         elif decisions:
-            binding = _binding(decisions, verdict.allowed)
+            binding = binding_of(decisions, verdict.allowed)
         else:
             return []
         reset_after = binding.reset_after
@@ -182,32 +182,6 @@ class HeaderFormat:
 
 
 _ceil = math.ceil
-
-
-def _binding(decisions: Sequence[Decision], allowed: bool) -> Decision:
-    """The decision the single-policy headers report, among several.
-
-    Denied: the longest wait. Admitted: the rate limit nearest exhaustion (free
-    concurrency slots are not a quota to pace against, so a slot is reported only
-    when the request has no rate limit).
-    """
-    best: Decision | None = None
-    if not allowed:
-        for d in decisions:
-            if not d.allowed and (best is None or d.retry_after > best.retry_after or (
-                    d.retry_after == best.retry_after and d.remaining < best.remaining)):
-                best = d
-        return best if best is not None else decisions[0]
-    for d in decisions:
-        if not d.policy.is_concurrency and (best is None or d.remaining < best.remaining or (
-                d.remaining == best.remaining and d.reset_after < best.reset_after)):
-            best = d
-    if best is None:  # slots only
-        for d in decisions:
-            if best is None or d.remaining < best.remaining or (
-                    d.remaining == best.remaining and d.reset_after < best.reset_after):
-                best = d
-    return best if best is not None else decisions[0]
 
 
 def _draft11(

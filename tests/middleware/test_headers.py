@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from ratelimit_mw import ConfigError, Limit, MemoryStorage
-from ratelimit_mw.headers import parse_header_style, retry_after_value
+from ratelimit_mw import ConfigError, Hit, Limit, MemoryStorage
+from ratelimit_mw.headers import HeaderFormat, parse_header_style, retry_after_value
 from ratelimit_mw.tiers import Tier
 from tests.conftest import FakeClock
 
@@ -156,3 +156,17 @@ def test_bad_header_style_is_a_config_error(style: str) -> None:
     """Unknown or colliding styles are refused with a clear error."""
     with pytest.raises(ConfigError, match="header style"):
         parse_header_style(style)
+
+
+async def test_the_reported_decision_is_the_one_the_headers_name(memory: MemoryStorage) -> None:
+    """With a concurrency slot nearer its end than the rate limit, an admitted verdict's
+    ``binding`` is still the rate limit, as in X-RateLimit-*: free slots are not a
+    quota to pace against."""
+    rate = Hit(Limit.parse("5/minute", "fixed_window"))
+    slot = Hit(Limit.concurrency(2))
+    verdict = await memory.decide("k", [rate, slot])
+    assert verdict.allowed
+    assert [d.remaining for d in verdict.decisions] == [4, 1]
+    assert verdict.binding is not None and verdict.binding.policy == rate.limit
+    headers = dict(HeaderFormat("legacy").dynamic(verdict, {}, 1_700_000_000.0))
+    assert headers[b"x-ratelimit-remaining"] == b"4"
