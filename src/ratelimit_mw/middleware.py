@@ -273,9 +273,9 @@ class RateLimitMiddleware:
 
         The slots go back just before the last body chunk is sent, so a client that has
         seen the end of a response never finds its slot still taken by this worker (on
-        pipelined Redis the give-back is queued ahead of every later decision, and
-        written in the same event-loop iteration); else when the app call ends (an
-        exception, a disconnect, no body at all).
+        pipelined Redis the ZREM is written then, ahead of every later decision, and
+        not waited for); else when the app call ends (an exception, a disconnect, no
+        body at all).
         """
         held = True
 
@@ -370,11 +370,11 @@ class RateLimitMiddleware:
         """Return the request's concurrency slots to the storage that granted them.
 
         Never raises: a slot that can't be given back expires with its lease. A
-        cancelled request can't cut the release off: pipelined Redis queues its ZREMs
-        at once, without waiting for the answer (they reach Redis before any decision
-        this worker makes later, and a failure is logged when it comes); any other
-        storage releases in a task of its own (shared by the requests ending in the same
-        event-loop iteration).
+        cancelled request can't cut the release off: pipelined Redis writes its ZREMs
+        at once, without waiting for the answer (they are on their way before the end
+        of the response, ahead of every later decision of this worker, and a failure is
+        logged when it comes); any other storage releases in a task of its own (shared
+        by the requests ending in the same event-loop iteration).
         """
         if self._local is not None:
             self._local.release_now(leases)

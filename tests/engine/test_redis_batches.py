@@ -631,3 +631,15 @@ def test_two_sessions_on_their_own_loops_share_an_apps_redis_storage(
         remaining = [asyncio.run(session(close=False)), asyncio.run(session(close=True))]
         gc.collect()
     assert remaining == ["99", "98"]
+
+
+def test_a_storage_can_be_closed_from_a_later_event_loop(
+    redis_url: str, redis_prefix: str,
+) -> None:
+    """Used in one loop and closed from the next (a synchronous fixture's teardown, a
+    module-wide storage with a loop per test): ``close()`` works there."""
+    storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, timeout=0.5)
+    with pytest.warns(ResourceWarning, match="unclosed"):
+        assert asyncio.run(storage.decide("k", [HIT])).allowed
+        asyncio.run(storage.close())
+        gc.collect()

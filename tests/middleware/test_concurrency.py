@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from ratelimit_mw import Hit, Limit, MemoryStorage, RedisStorage, Storage
 from ratelimit_mw.middleware import RateLimitMiddleware
+from ratelimit_mw.storage import pipe
 from ratelimit_mw.tiers import Tier
 from tests.conftest import FakeClock, free_port
 from tests.redis_servers import delayed
@@ -501,6 +502,60 @@ async def test_redis_give_back_does_not_wait_for_redis_yet_comes_first(
             await storage.close()
     assert codes == [200, 200, 200]
     assert all(0.4 <= took < 0.7 for took in times), times
+
+
+async def test_redis_give_back_is_written_before_the_end_of_the_response(
+    redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The slot's ZREM leaves for Redis before the last body chunk is sent: another
+    worker that the client turns to next finds the slot free, unless this worker's
+    path to Redis is slower than the client's round trip to that worker."""
+    events: list[str] = []
+    original = pipe._Pipe.write
+
+    def recording(self: Any, batch: Any, entries: list[Any]) -> None:
+        events.extend("zrem" for entry in entries if entry[0] == "release")
+        original(self, batch, entries)
+
+    monkeypatch.setattr(pipe._Pipe, "write", recording)
+    storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, timeout=1.0)
+    middleware = RateLimitMiddleware(
+        PlainTextResponse("ok"), tiers=[Tier("t", "1000/minute", concurrency=1)],
+        storage=storage)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Any) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            events.append("end of response")
+
+    scope = {"type": "http", "method": "GET", "path": "/", "headers": [],
+             "query_string": b"", "client": CLIENT}
+    try:
+        await middleware(scope, receive, send)
+        assert events == ["zrem", "end of response"]
+        assert await in_flight(storage, 1) == 0
+    finally:
+        await storage.close()
+
+
+async def test_closing_the_storage_right_after_a_response_still_gives_its_slot_back(
+    redis_url: str, redis_prefix: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A request ends and the storage is closed at once (a lifespan shutdown, a test's
+    teardown): its slot is back in Redis, and no failed give-back is logged."""
+    storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, timeout=1.0)
+    app = make_app([Route("/", lambda request: PlainTextResponse("ok"))],
+                   tiers=[Tier("t", "1000/minute", concurrency=1)], storage=storage)
+    async with client_for(app) as client:
+        assert (await client.get("/")).status_code == 200
+        await storage.close()
+    try:
+        assert await in_flight(storage, 1) == 0
+    finally:
+        await storage.close()
+    assert "couldn't give back" not in caplog.text
 
 
 @pytest.mark.redis

@@ -271,6 +271,10 @@ class Pipeline:
             if pipe is not None:
                 pipe.transport.abort()
 
+    def flush(self) -> None:
+        """Write what is queued now, not at the end of the tick."""
+        self._flush()
+
     def _flush(self) -> None:
         entries, self._pending = self._pending, []
         if not entries:  # close() failed them meanwhile
@@ -325,6 +329,8 @@ class Pipeline:
     def _connected(self, task: asyncio.Task[None]) -> None:
         """The set-up task ended; cancelled (cut off or closed, perhaps before it
         started), it fails what it was to write."""
+        if task.get_loop() is not self._loop:
+            return  # an earlier loop's set-up: ``_move_to`` dealt with what it held
         if self._connecting is task:
             self._connecting = None
         if task.cancelled():
@@ -415,11 +421,30 @@ class Pipeline:
             self._connecting.cancel()
 
     async def close(self) -> None:
-        """Close the connection; callers still waiting fail with a ConnectionError."""
+        """Close the connection; callers still waiting for a decision fail with a
+        ConnectionError. Slots being given back are not dropped: their ZREMs are
+        written, and their answers awaited for up to a second."""
         closed = redis_errors.ConnectionError("the storage was closed")
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._move_to(loop)  # nothing an earlier loop left can be closed from here
         pending, self._pending = self._pending, []
         for entry in pending:
-            _fail(entry[2], closed)
+            if entry[0] != "release":
+                _fail(entry[2], closed)
+        releases = [entry for entry in pending if entry[0] == "release"]
+        if releases:
+            self._pending = releases
+            self._flush()
+        waits = [entry[2] for entry in releases]
+        waits += (entry[2] for _, entries in self._held for entry in entries
+                  if entry[0] == "release")
+        if self._pipe is not None:
+            waits += (entry[2] for _, entry, _ in self._pipe.waiting
+                      if entry is not None and entry[0] == "release")
+        waits = [future for future in waits if not future.done()]
+        if waits:
+            await asyncio.wait(waits, timeout=1.0)
         if self._connecting is not None:
             self._connecting.cancel()
             await asyncio.gather(self._connecting, return_exceptions=True)

@@ -287,14 +287,13 @@ class RedisStorage(Storage):
 
     def give_back(self, leases: Sequence[Lease]) -> asyncio.Future[Any]:
         """``release`` without waiting for Redis (pipelined storage only): the ZREMs are
-        queued at once, so any decision this storage makes later reaches Redis after
-        them (one connection, in order), and they go out with this event-loop
-        iteration's flush. The future is done when Redis has answered them all; it
-        fails with the first error (the slots then free themselves when their lease
-        ends)."""
-        if len(leases) == 1:
-            return self._queue_release(leases[0])
-        return asyncio.gather(*[self._queue_release(lease) for lease in leases])
+        written at once, before the caller goes on (to send the end of its response),
+        and ahead of every decision this storage makes later (one connection, in
+        order). The future is done when Redis has answered them all; it fails with the
+        first error (the slots then free themselves when their lease ends)."""
+        futures = [self._queue_release(lease) for lease in leases]
+        self._pipeline.flush()  # type: ignore[union-attr]
+        return futures[0] if len(futures) == 1 else asyncio.gather(*futures)
 
     async def usage(
         self, key: str, granularity: Granularity, start: float, end: float,
