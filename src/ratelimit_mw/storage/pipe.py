@@ -94,7 +94,7 @@ class _Pipe:
     """The connection's protocol (an ``asyncio.Protocol`` by its methods) once it is set
     up: replies go to the commands written on it, oldest first."""
 
-    __slots__ = ("_owner", "_reader", "closed", "connection", "load_error", "loading",
+    __slots__ = ("_owner", "_reader", "closed", "connection", "gone", "load_error", "loading",
                  "transport", "waiting")
 
     def __init__(self, owner: Pipeline, connection: AbstractConnection,
@@ -105,6 +105,9 @@ class _Pipe:
         self._reader = hiredis.Reader(replyError=redis_errors.ResponseError,
                                       notEnoughData=_NO_REPLY)
         self.closed = False
+        # Done when the transport has let go of its socket (for TLS, after the
+        # close_notify exchange, which outlives close()).
+        self.gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.loading = False  # a SCRIPT LOAD written and not yet answered
         self.load_error: Exception | None = None  # why the last SCRIPT LOAD failed
         # (batch, entry, sent again after NOSCRIPT) of each command written and not yet
@@ -168,6 +171,8 @@ class _Pipe:
             owner.lost(self, redis_errors.ConnectionError(f"bad reply from redis: {exc}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self.gone.done():
+            self.gone.set_result(None)
         self._owner.lost(self, redis_errors.ConnectionError(
             f"connection to redis lost{f': {exc}' if exc else ''}"))
 
@@ -453,6 +458,9 @@ class Pipeline:
             pipe = self._pipe
             pipe.transport.close()
             self.lost(pipe, closed)
+            # Else a TLS connection could still be closing when its loop ends, and its
+            # socket would be left open.
+            await asyncio.wait([pipe.gone], timeout=1.0)
         if self._watch is not None:
             self._watch.cancel()
             self._watch, self._watch_at = None, math.inf
