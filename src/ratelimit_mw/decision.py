@@ -75,21 +75,18 @@ class Verdict(NamedTuple):
     def binding(self) -> Decision | None:
         """The decision to report (in single-policy headers, the 429 body, the log):
         see ``binding_of``."""
-        decisions = self.decisions
-        if not decisions:
-            return None
-        if len(decisions) == 1:
-            return decisions[0]
-        return binding_of(decisions, self.allowed)
+        return binding_of(self.decisions, self.allowed) if self.decisions else None
 
 
 def binding_of(decisions: Sequence[Decision], allowed: bool) -> Decision:
-    """The decision to report among several (at least one).
+    """The decision to report among ``decisions`` (at least one).
 
     Denied: the longest wait, then the fewest remaining. Admitted: the rate limit
     nearest exhaustion (free concurrency slots are not a quota to pace against, so a
-    slot is reported only when the request has no rate limit).
+    slot is reported only when the request has no rate limit), then the soonest reset.
     """
+    if len(decisions) == 1:
+        return decisions[0]
     best: Decision | None = None
     if not allowed:
         for d in decisions:
@@ -97,16 +94,14 @@ def binding_of(decisions: Sequence[Decision], allowed: bool) -> Decision:
                     d.retry_after == best.retry_after and d.remaining < best.remaining)):
                 best = d
         return best if best is not None else decisions[0]
-    for d in decisions:
-        if not d.policy.is_concurrency and (best is None or d.remaining < best.remaining or (
-                d.remaining == best.remaining and d.reset_after < best.reset_after)):
+    best = decisions[0]
+    for d in decisions:  # the first against itself changes nothing
+        slot, best_slot = d.policy.is_concurrency, best.policy.is_concurrency
+        if (slot != best_slot and best_slot) or (slot == best_slot and (
+                d.remaining < best.remaining or (
+                    d.remaining == best.remaining and d.reset_after < best.reset_after))):
             best = d
-    if best is None:  # slots only
-        for d in decisions:
-            if best is None or d.remaining < best.remaining or (
-                    d.remaining == best.remaining and d.reset_after < best.reset_after):
-                best = d
-    return best if best is not None else decisions[0]
+    return best
 
 
 _new = tuple.__new__

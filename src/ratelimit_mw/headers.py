@@ -140,12 +140,9 @@ class HeaderFormat:
         """The per-request headers for ``verdict`` (``now`` in epoch seconds) of the
         caller ``key``."""
         decisions = verdict.decisions
-        if len(decisions) == 1:
-            binding = decisions[0]
-        elif decisions:
-            binding = binding_of(decisions, verdict.allowed)
-        else:
+        if not decisions:
             return []
+        binding = binding_of(decisions, verdict.allowed)
         reset_after = binding.reset_after
         if binding.policy.is_concurrency:
             # A slot frees when some request ends: the retry hint, not the lease.

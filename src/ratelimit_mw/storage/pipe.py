@@ -235,7 +235,7 @@ class Pipeline:
         if loop is not self._loop:
             self._move_to(loop)
         if not self._pending:
-            loop.call_soon(self._flush)
+            loop.call_soon(self.flush)
         self._pending.append(entry)
 
     def _move_to(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -252,18 +252,16 @@ class Pipeline:
         if old is None:
             return
         moved = redis_errors.ConnectionError("the storage moved to another event loop")
-        pending, self._pending = self._pending, []
-        held, self._held = self._held, []
+        stranded = [*self._pending, *self._unanswered()]
+        self._pending, self._held = [], []
         pipe, self._pipe = self._pipe, None
         connecting, self._connecting = self._connecting, None
         watch, self._watch, self._watch_at = self._watch, None, math.inf
         self._inflight.clear()
         self._retiring.clear()
         self._cut = False
-        stranded = [*pending, *(entry for _, entries in held for entry in entries)]
         if pipe is not None:
             pipe.closed = True
-            stranded += (entry for _, entry, _ in pipe.waiting if entry is not None)
             pipe.waiting.clear()
         for entry in stranded:
             with contextlib.suppress(RuntimeError):  # the old loop is closed
@@ -276,11 +274,15 @@ class Pipeline:
             if pipe is not None:
                 pipe.transport.abort()
 
-    def flush(self) -> None:
-        """Write what is queued now, not at the end of the tick."""
-        self._flush()
+    def _unanswered(self) -> list[Queued]:
+        """Every command flushed and not answered yet: held while connecting, or written."""
+        entries = [entry for _, held in self._held for entry in held]
+        if self._pipe is not None:
+            entries += (entry for _, entry, _ in self._pipe.waiting if entry is not None)
+        return entries
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Write what is queued (at the end of the tick, or now when called)."""
         entries, self._pending = self._pending, []
         if not entries:  # close() failed them meanwhile
             return
@@ -433,21 +435,13 @@ class Pipeline:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._move_to(loop)  # nothing an earlier loop left can be closed from here
-        pending, self._pending = self._pending, []
-        for entry in pending:
+        for entry in self._pending:
             if entry[0] != "release":
                 _fail(entry[2], closed)
-        releases = [entry for entry in pending if entry[0] == "release"]
-        if releases:
-            self._pending = releases
-            self._flush()
-        waits = [entry[2] for entry in releases]
-        waits += (entry[2] for _, entries in self._held for entry in entries
-                  if entry[0] == "release")
-        if self._pipe is not None:
-            waits += (entry[2] for _, entry, _ in self._pipe.waiting
-                      if entry is not None and entry[0] == "release")
-        waits = [future for future in waits if not future.done()]
+        self._pending = [entry for entry in self._pending if entry[0] == "release"]
+        self.flush()
+        waits = [entry[2] for entry in self._unanswered()
+                 if entry[0] == "release" and not entry[2].done()]
         if waits:
             await asyncio.wait(waits, timeout=1.0)
         if self._connecting is not None:

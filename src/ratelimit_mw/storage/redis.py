@@ -268,15 +268,19 @@ class RedisStorage(Storage):
         name = self._packed_tag(lease.key) + self._encode(counter_suffix(lease.scope, lease.uid))
         return self._queue("release", pack_release(name, lease.id.encode()))
 
+    def _queue_releases(self, leases: Sequence[Lease]) -> asyncio.Future[Any]:
+        """The ZREMs of ``leases``, queued; done when all are answered (one future for
+        one lease, the common case, rather than a gathering of one)."""
+        if len(leases) == 1:
+            return self._queue_release(leases[0])
+        return asyncio.gather(*[self._queue_release(lease) for lease in leases])
+
     async def release(self, leases: Sequence[Lease]) -> None:
         """Give slots back: one ZREM each, in the next pipeline flush with the decisions
         of the same event-loop iteration (Cluster: one after the other)."""
         try:
             if self.pipeline:
-                if len(leases) == 1:
-                    await self._queue_release(leases[0])
-                else:
-                    await asyncio.gather(*[self._queue_release(lease) for lease in leases])
+                await self._queue_releases(leases)
             else:
                 for lease in leases:
                     await self._client.zrem(
@@ -291,9 +295,9 @@ class RedisStorage(Storage):
         and ahead of every decision this storage makes later (one connection, in
         order). The future is done when Redis has answered them all; it fails with the
         first error (the slots then free themselves when their lease ends)."""
-        futures = [self._queue_release(lease) for lease in leases]
+        done = self._queue_releases(leases)
         self._pipeline.flush()  # type: ignore[union-attr]
-        return futures[0] if len(futures) == 1 else asyncio.gather(*futures)
+        return done
 
     async def usage(
         self, key: str, granularity: Granularity, start: float, end: float,
