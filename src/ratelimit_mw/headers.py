@@ -76,7 +76,6 @@ def _window(limit: Limit) -> int:
     return max(1, math.ceil(limit.period))
 
 
-@functools.lru_cache(maxsize=1024)
 def _short_policy(limit: Limit) -> bytes:
     """``100;w=60``: the draft-6/7 policy of one limit (``2`` for a concurrency slot)."""
     if limit.is_concurrency:
@@ -84,12 +83,23 @@ def _short_policy(limit: Limit) -> bytes:
     return f"{limit.capacity};w={_window(limit)}".encode()
 
 
-@functools.lru_cache(maxsize=1024)
-def _legacy_headers(limit: Limit) -> tuple[Header, Header]:
-    """``X-RateLimit-Limit`` and ``X-RateLimit-Policy`` of a limit (they depend on
-    nothing else)."""
-    return (b"x-ratelimit-limit", b"%d" % limit.capacity), (
-        b"x-ratelimit-policy", _legacy_policy(limit))
+# A limit's texts: (the limit, X-RateLimit-Limit, X-RateLimit-Policy, the draft-6/7
+# policy). Found by identity (a Limit's own hash is a Python-level call, and this runs
+# per request); each entry holds its limit, so the id stays that limit's.
+_Texts = tuple[Limit, Header, Header, bytes]
+_TEXTS: dict[int, _Texts] = {}
+
+
+def _texts(limit: Limit) -> _Texts:
+    """The header texts that depend on ``limit`` alone, made once per limit."""
+    texts = _TEXTS.get(id(limit))
+    if texts is None or texts[0] is not limit:
+        if len(_TEXTS) >= 1024:
+            _TEXTS.clear()
+        texts = _TEXTS[id(limit)] = (
+            limit, (b"x-ratelimit-limit", b"%d" % limit.capacity),
+            (b"x-ratelimit-policy", _legacy_policy(limit)), _short_policy(limit))
+    return texts
 
 
 def _legacy_policy(limit: Limit) -> bytes:
@@ -149,7 +159,8 @@ class HeaderFormat:
             reset_after = binding.retry_after
         out: list[Header] = []
         if self.legacy:
-            limit, policy = _legacy_headers(binding.policy)
+            texts = _texts(binding.policy)
+            limit, policy = texts[1], texts[2]
             if binding.limit != binding.policy.capacity:  # a custom storage's own say
                 limit = (b"x-ratelimit-limit", b"%d" % binding.limit)
             out = [
@@ -166,14 +177,14 @@ class HeaderFormat:
             out += (
                 (b"ratelimit", b"limit=%d, remaining=%d, reset=%d" % (
                     binding.limit, binding.remaining, _ceil(reset_after))),
-                (b"ratelimit-policy", _short_policy(binding.policy)),
+                (b"ratelimit-policy", _texts(binding.policy)[3]),
             )
         elif ietf == "draft-6":
             out += (
                 (b"ratelimit-limit", b"%d" % binding.limit),
                 (b"ratelimit-remaining", b"%d" % binding.remaining),
                 (b"ratelimit-reset", b"%d" % _ceil(reset_after)),
-                (b"ratelimit-policy", _short_policy(binding.policy)),
+                (b"ratelimit-policy", _texts(binding.policy)[3]),
             )
         return out
 

@@ -28,7 +28,7 @@ _ALIASES: dict[str, AlgorithmName] = {
 }
 
 
-def _algorithm(name: str) -> AlgorithmName:
+def _algorithm(name: object) -> AlgorithmName:
     """Normalise an algorithm name (``-`` or ``_``, a few common aliases) or fail."""
     normal = str(name).strip().lower().replace("-", "_")
     normal = _ALIASES.get(normal, normal)
@@ -65,36 +65,42 @@ class Limit:
         init=False, repr=False, compare=False)
     _hash: int = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.rate, Rate):
-            object.__setattr__(self, "rate", parse_rate(self.rate))
-        object.__setattr__(self, "algorithm", _algorithm(self.algorithm))
-        if self.burst is not None:
-            if self.algorithm not in _BURSTABLE:
-                msg = (f"burst={self.burst!r} only applies to token_bucket and gcra, "
-                       f"not {self.algorithm}")
+    # Written out rather than generated, with the checked arguments taken as any object
+    # (here and in the constructors below): compiled with mypyc, a typed parameter would
+    # reject a bad value with a TypeError that names neither the argument nor the value,
+    # before these checks could run.
+    def __init__(self, rate: object, algorithm: object = "sliding_window",
+                 burst: object = None, name: object = "") -> None:
+        set_ = object.__setattr__
+        rate = rate if isinstance(rate, Rate) else parse_rate(rate)
+        set_(self, "rate", rate)
+        kind = _algorithm(algorithm)
+        set_(self, "algorithm", kind)
+        if burst is not None:
+            if kind not in _BURSTABLE:
+                msg = f"burst={burst!r} only applies to token_bucket and gcra, not {kind}"
                 raise ConfigError(msg)
-            if isinstance(self.burst, bool) or not isinstance(self.burst, int) or self.burst < 1:
-                msg = f"burst must be a positive integer, got {self.burst!r}"
+            if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
+                msg = f"burst must be a positive integer, got {burst!r}"
                 raise ConfigError(msg)
-        if self.algorithm == "calendar_month" and self.rate.period != _MONTH:
+        set_(self, "burst", burst)
+        if kind == "calendar_month" and rate.period != _MONTH:
             msg = (f"calendar_month counts per calendar month; write the rate as "
-                   f"'{self.rate.amount}/month', not {str(self.rate)!r}")
+                   f"'{rate.amount}/month', not {str(rate)!r}")
             raise ConfigError(msg)
-        capacity = self.burst if self.burst is not None else self.rate.amount
-        object.__setattr__(self, "amount", self.rate.amount)
-        object.__setattr__(self, "capacity", capacity)
-        object.__setattr__(self, "period_us", self.rate.period_us)
-        object.__setattr__(self, "name", str(self.name) or self._default_name())
+        capacity = burst if isinstance(burst, int) else rate.amount
+        set_(self, "amount", rate.amount)
+        set_(self, "capacity", capacity)
+        set_(self, "period_us", rate.period_us)
+        set_(self, "is_concurrency", kind == "concurrency")
+        set_(self, "name", str(name) or self._default_name())
         # The storage identity of the counter: the shape, not the display name.
-        uid = f"{self.algorithm}:{self.rate.amount}:{self.rate.period_us}:{capacity}"
-        object.__setattr__(self, "uid", uid)
-        object.__setattr__(self, "is_concurrency", self.algorithm == "concurrency")
+        set_(self, "uid", f"{kind}:{rate.amount}:{rate.period_us}:{capacity}")
         from .algorithms import ALGORITHMS  # the algorithms know limits; a late import
 
-        object.__setattr__(self, "step", ALGORITHMS[self.algorithm])
+        set_(self, "step", ALGORITHMS[kind])
         # Limits key the per-request lookups (policy names, header texts): hash once.
-        object.__setattr__(self, "_hash", hash((self.rate, self.algorithm, self.burst, self.name)))
+        set_(self, "_hash", hash((rate, kind, burst, self.name)))
 
     def __hash__(self) -> int:
         return self._hash
@@ -105,22 +111,24 @@ class Limit:
 
     @classmethod
     def parse(
-        cls, rate: str | Rate, algorithm: str = "sliding_window", *,
-        burst: int | None = None, name: str = "",
+        cls, rate: object, algorithm: object = "sliding_window", *,
+        burst: object = None, name: object = "",
     ) -> Limit:
         """Build one limit from a rate string such as ``"10/minute"``."""
         return cls(parse_rate(rate), _algorithm(algorithm), burst, name)
 
     @classmethod
-    def concurrency(cls, capacity: int, *, lease: float = 30.0, name: str = "") -> Limit:
+    def concurrency(cls, capacity: object, *, lease: object = 30.0, name: object = "") -> Limit:
         """At most ``capacity`` requests in flight; a slot not given back frees itself
         after ``lease`` seconds (a worker that died mid-request)."""
-        return cls(Rate(capacity, lease), "concurrency", None, name or "concurrent")
+        return cls(Rate(capacity, lease), "concurrency", None,  # type: ignore[arg-type]
+                   name or "concurrent")  # (Rate checks its own arguments)
 
     @classmethod
-    def monthly(cls, amount: int, *, name: str = "") -> Limit:
+    def monthly(cls, amount: object, *, name: object = "") -> Limit:
         """``amount`` requests per UTC calendar month, reset on the 1st at 00:00."""
-        return cls(Rate(amount, _MONTH), "calendar_month", None, name or "monthly")
+        return cls(Rate(amount, _MONTH), "calendar_month", None,  # type: ignore[arg-type]
+                   name or "monthly")
 
     @property
     def period(self) -> float:
@@ -140,7 +148,7 @@ class Limit:
 
 
 def limits_from(
-    value: str, algorithm: str = "sliding_window", *, burst: int | None = None,
+    value: str, algorithm: object = "sliding_window", *, burst: object = None,
 ) -> list[Limit]:
     """Build one limit per rate in ``"10/minute; 1000/day"``, all with one algorithm."""
     return [Limit(rate, _algorithm(algorithm), burst) for rate in parse_rates(value)]
@@ -158,17 +166,22 @@ class Hit:
     scope: str = ""
     slot: tuple[str, str] = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.limit, Limit):
-            msg = f"Hit needs a Limit, got {self.limit!r}"
+    # Written out, with ``cost`` and ``scope`` taken as any object: see ``Limit``.
+    def __init__(self, limit: object, cost: object = 1, scope: object = "") -> None:
+        if not isinstance(limit, Limit):
+            msg = f"Hit needs a Limit, got {limit!r}"
             raise ConfigError(msg)
-        if isinstance(self.cost, bool) or not isinstance(self.cost, int) or self.cost < 0:
-            msg = f"cost must be a whole number >= 0, got {self.cost!r}"
+        if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
+            msg = f"cost must be a whole number >= 0, got {cost!r}"
             raise ConfigError(msg)
-        if not isinstance(self.scope, str):
-            msg = f"scope must be a string, got {self.scope!r}"
+        if not isinstance(scope, str):
+            msg = f"scope must be a string, got {scope!r}"
             raise ConfigError(msg)
-        object.__setattr__(self, "slot", (self.scope, self.limit.uid))
+        set_ = object.__setattr__
+        set_(self, "limit", limit)
+        set_(self, "cost", cost)
+        set_(self, "scope", scope)
+        set_(self, "slot", (scope, limit.uid))
 
     @property
     def never(self) -> bool:

@@ -52,7 +52,7 @@ class Rate:
         return f"{self.amount}/{self.period:g} seconds"
 
 
-def parse_rates(value: str) -> list[Rate]:
+def parse_rates(value: object) -> list[Rate]:
     """Parse one or more rates separated by ``;``, ``,`` or ``|``."""
     if not isinstance(value, str):
         msg = f"couldn't parse rate {value!r}: not a string; {_EXAMPLES}"
@@ -77,7 +77,7 @@ def parse_rates(value: str) -> list[Rate]:
     return rates
 
 
-def parse_rate(value: str | Rate) -> Rate:
+def parse_rate(value: object) -> Rate:
     """Parse exactly one rate (a ``Rate`` passes through)."""
     if isinstance(value, Rate):
         return value

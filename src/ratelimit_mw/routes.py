@@ -193,7 +193,7 @@ def _spec(label: str, marks: Iterable[RouteLimit], rules: Iterable[RouteRule],
         if rule.cost != 1:
             costs.append(rule.cost)
         for rule_limit in rule.limits:
-            hit = Hit(rule_limit, 1, rule.scope)  # type: ignore[arg-type]
+            hit = Hit(rule_limit, 1, rule.scope)
             hits.append(hit)
             if rule.shadow:
                 shadow.append(hit)
