@@ -183,6 +183,10 @@ class Hit:
         set_(self, "scope", scope)
         set_(self, "slot", (scope, limit.uid))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Compiled, the class has no instance dict for pickle and copy to fill in.
+        return (type(self), (self.limit, self.cost, self.scope))
+
     @property
     def never(self) -> bool:
         """True when the cost is larger than the limit can ever admit."""

@@ -147,3 +147,41 @@ def test_a_limit_unpickled_in_another_process_hashes_like_a_fresh_one() -> None:
         limit = pickle.loads(data)
         fresh = Limit.parse("5/minute", "token_bucket", burst=9, name="burst")
         assert limit == fresh and hash(limit) == hash(fresh) and limit in {fresh}
+
+
+def test_limits_and_hits_pickle_copy_and_stay_frozen() -> None:
+    """Limits and hits (native classes in the compiled build) survive pickle, copy and
+    dataclasses.replace with every field, and refuse assignment."""
+    import copy
+    import dataclasses
+    import pickle
+
+    limit = Limit.parse("10/minute", "token_bucket", burst=20, name="burst")
+    hit = Hit(limit, 3, "POST /reports")
+    for twin in (pickle.loads(pickle.dumps(hit)), copy.copy(hit), copy.deepcopy(hit)):
+        assert twin == hit and hash(twin) == hash(hit)
+        assert (twin.cost, twin.scope, twin.slot) == (3, "POST /reports", hit.slot)
+        assert twin.limit.capacity == 20 and twin.limit.step is limit.step
+    renamed = dataclasses.replace(limit, name="other")
+    assert renamed.name == "other" and renamed.uid == limit.uid and renamed != limit
+    assert dataclasses.replace(hit, cost=5).cost == 5
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        hit.cost = 5  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        limit.name = "x"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("build", "match"), [
+    (lambda: Limit(10), "couldn't parse rate 10"),  # type: ignore[arg-type]
+    (lambda: Limit.parse("1/second", None), "unknown algorithm None"),
+    (lambda: Limit.concurrency(2.5), "2.5"),
+    (lambda: Limit.monthly("5"), "'5'"),
+    (lambda: limits_from("1/second", "gcra", burst="9"), "burst must be a positive integer"),
+    (lambda: Hit("1/second"), "Hit needs a Limit, got '1/second'"),  # type: ignore[arg-type]
+    (lambda: Hit(Limit.parse("1/second"), 1, 7), "scope must be a string, got 7"),
+])
+def test_bad_arguments_fail_with_a_config_error_naming_them(build: object, match: str) -> None:
+    """Every way to build a limit or a hit checks its arguments itself, in the compiled
+    build too (a typed compiled parameter would raise a TypeError naming neither)."""
+    with pytest.raises(ConfigError, match=re.escape(match)):
+        build()  # type: ignore[operator]
