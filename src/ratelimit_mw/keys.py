@@ -16,6 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from mypy_extensions import mypyc_attr
 from starlette.types import Scope
 
 from .errors import ConfigError
@@ -58,6 +59,7 @@ def header_value(scope: Scope, name: bytes) -> str | None:
     return b",".join(values).decode("latin-1")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class TrustedProxies:
     """The peers whose forwarding headers are believed: addresses, networks, or ``*``.
 
@@ -128,7 +130,6 @@ def _group(host: str, ipv6_prefix: int) -> str | None:
     return str(address)
 
 
-@functools.lru_cache(maxsize=8192)
 def _ip_key(peer: str, ipv6_prefix: int) -> str:
     """The key of a client address: ``ip:`` and the address, grouped (``ip:-``: none)."""
     grouped = _group(peer, ipv6_prefix) if peer else None
@@ -157,6 +158,7 @@ def _strip_port(node: str) -> str:
     return node
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ClientIP:
     """The client's address: the peer, or, behind trusted proxies, the forwarded client.
 
@@ -166,10 +168,13 @@ class ClientIP:
     subscriber), so rotating through one's own addresses gains nothing.
     """
 
-    __slots__ = ("_warned", "ipv6_prefix", "trusted")
+    __slots__ = ("_keys", "_warned", "ipv6_prefix", "trusted")
 
+    # ipv6_prefix is typed object: compiled, an int parameter would reject a bad value
+    # with a TypeError naming neither it nor the value, before the check below.
     def __init__(
-        self, trusted_proxies: TrustedProxies | Iterable[str] | str = (), *, ipv6_prefix: int = 64,
+        self, trusted_proxies: TrustedProxies | Iterable[str] | str = (), *,
+        ipv6_prefix: object = 64,
     ) -> None:
         if isinstance(ipv6_prefix, bool) or not isinstance(ipv6_prefix, int) or not (
                 1 <= ipv6_prefix <= 128):
@@ -177,8 +182,9 @@ class ClientIP:
             raise ConfigError(msg)
         self.trusted = (trusted_proxies if isinstance(trusted_proxies, TrustedProxies)
                         else TrustedProxies(trusted_proxies))
-        self.ipv6_prefix = ipv6_prefix
+        self.ipv6_prefix: int = ipv6_prefix
         self._warned = False
+        self._keys: dict[str, str] = {}  # peer (or forwarded client) -> key
         if self.trusted.everyone:
             _log.warning(
                 "ratelimit_mw: every peer is a trusted proxy ('*'); any client can choose "
@@ -188,12 +194,20 @@ class ClientIP:
     def __call__(self, scope: Scope) -> str:
         client = scope.get("client")
         peer = client[0] if client else ""
+        if not isinstance(peer, str):  # a server's odd client tuple is not a 500
+            peer = str(peer)
         if self.trusted:
             if peer in self.trusted:
                 peer = self._forwarded_client(scope, peer)
             elif not self._warned:
                 self._warn_untrusted(scope, peer)
-        return _ip_key(peer, self.ipv6_prefix)
+        keys = self._keys
+        key = keys.get(peer)
+        if key is None:
+            if len(keys) >= 8192:
+                keys.clear()
+            key = keys[peer] = _ip_key(peer, self.ipv6_prefix)
+        return key
 
     def _forwarded_client(self, scope: Scope, peer: str) -> str:
         """Walk the forwarding chain from the right; the first untrusted hop is the client."""
@@ -235,12 +249,13 @@ def _digest(value: str) -> str:
     return hashlib.blake2b(value.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class APIKey:
     """The API key sent in ``header`` (hashed), else ``fallback`` (the client IP)."""
 
     __slots__ = ("_name", "fallback", "header")
 
-    def __init__(self, header: str = "x-api-key", *, fallback: KeyFunc | None = None) -> None:
+    def __init__(self, header: object = "x-api-key", *, fallback: KeyFunc | None = None) -> None:
         if not isinstance(header, str) or not header.strip():
             msg = f"the API key header must be a header name, got {header!r}"
             raise ConfigError(msg)
@@ -261,6 +276,7 @@ class APIKey:
         return f"APIKey({self.header!r}, fallback={self.fallback!r})"
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class AuthenticatedUser:
     """The authenticated ``scope["user"]``'s identity, else ``fallback`` (the client IP).
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import pytest
@@ -63,6 +64,38 @@ def test_ipv6_prefix_is_configurable() -> None:
     """ipv6_prefix=128 keeps whole IPv6 addresses apart."""
     key = ClientIP(ipv6_prefix=128)(scope_from("2001:db8::1"))
     assert key == "ip:2001:db8::1"
+
+
+@pytest.mark.parametrize("prefix", [0, 129, 64.0, "64", True, None])
+def test_bad_ipv6_prefix_is_a_config_error(prefix: object) -> None:
+    """A prefix that is not a whole number of bits from 1 to 128 fails at start-up,
+    naming the value (the compiled build too)."""
+    with pytest.raises(ConfigError, match=f"ipv6_prefix must be .*got {re.escape(repr(prefix))}"):
+        ClientIP(ipv6_prefix=prefix)
+
+
+@pytest.mark.parametrize("header", ["", "  ", 5, None])
+def test_bad_api_key_header_is_a_config_error(header: object) -> None:
+    """The API key header must be a header name."""
+    with pytest.raises(ConfigError, match="API key header must be a header name"):
+        APIKey(header)
+
+
+def test_a_client_host_that_is_not_a_string_still_gets_a_key() -> None:
+    """A server that puts something odd in ``client`` gets a key, not an exception."""
+    assert ClientIP()({"type": "http", "client": (2130706433, 80), "headers": []}) == (
+        "ip:2130706433")
+
+
+def test_many_clients_each_keep_their_own_key() -> None:
+    """Keys stay right past the size of the key cache (it is emptied, not corrupted), for
+    peers and for clients forwarded by a trusted proxy alike."""
+    direct, behind = ClientIP(), ClientIP(["10.0.0.1"])
+    for n in range(9000):
+        address = f"198.51.{n // 256}.{n % 256}"
+        assert direct(scope_from(address)) == f"ip:{address}"
+        assert behind(scope_from("10.0.0.1", [("X-Forwarded-For", address)])) == f"ip:{address}"
+    assert direct(scope_from("10.0.0.1", [("X-Forwarded-For", "1.2.3.4")])) == "ip:10.0.0.1"
 
 
 def test_bad_trusted_proxy_is_a_config_error() -> None:
