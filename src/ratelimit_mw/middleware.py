@@ -20,7 +20,7 @@ import inspect
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -84,21 +84,25 @@ class _Blocked:
             for d in self.verdict.decisions), (), None if at is None else at + gone)
 
 
-class _Outcome(NamedTuple):
+class _Outcome:
     """What the decision step hands back to ``__call__``."""
 
-    key: str
-    plan: Plan
-    verdict: Verdict | None
-    source: Source
-    refused: bool
-    headers: list[Header]
-    now: float
-    blocked: _Blocked | None = None
-    """The cache entry a blocked key's answer came from (it keeps the rendered 429)."""
+    __slots__ = ("blocked", "headers", "key", "now", "plan", "refused", "source", "verdict")
+
+    def __init__(self, key: str, plan: Plan, verdict: Verdict | None, source: Source,
+                 refused: bool, headers: list[Header], now: float,
+                 blocked: _Blocked | None = None) -> None:
+        self.key = key
+        self.plan = plan
+        self.verdict = verdict
+        self.source = source
+        self.refused = refused
+        self.headers = headers
+        self.now = now
+        self.blocked = blocked
+        """The cache entry a blocked key's answer came from (it keeps the rendered 429)."""
 
 
-_new = tuple.__new__
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -527,7 +531,7 @@ class RateLimitMiddleware:
             shadow = verdict is not None and not verdict.allowed and not refused
             call_hook(self._on_decision, DecisionEvent(
                 key, plan.tier.name, plan.route.label, source, seen, refused, shadow))
-        return _new(_Outcome, (key, plan, verdict, source, refused, headers, now, blocked))
+        return _Outcome(key, plan, verdict, source, refused, headers, now, blocked)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, outcome: _Outcome) -> None:
         """A 429 for a denial, a 503 when the storage is down and the policy is closed."""
@@ -731,14 +735,28 @@ class _Complaints:
 _RESPONSE_STARTS = frozenset(("http.response.start", "websocket.http.response.start"))
 
 
-def _adding(send: Send, headers: list[Header]) -> Send:
-    """``send`` that appends ``headers`` to the response start (bodies stream untouched)."""
-    async def send_with_headers(message: Message) -> None:
-        if message["type"] in _RESPONSE_STARTS:
-            message["headers"] = [*message.get("headers", ()), *headers]
-        await send(message)
+class _Adding:
+    """``send`` that appends ``headers`` to the response start (bodies stream untouched).
 
-    return send_with_headers
+    A plain callable returning ``send``'s own awaitable: a coroutine of its own would
+    add an object and a layer of awaiting to every message.
+    """
+
+    __slots__ = ("headers", "send")
+
+    def __init__(self, send: Send, headers: list[Header]) -> None:
+        self.send = send
+        self.headers = headers
+
+    def __call__(self, message: Message) -> Awaitable[None]:
+        if message["type"] in _RESPONSE_STARTS:
+            message["headers"] = [*message.get("headers", ()), *self.headers]
+        return self.send(message)
+
+
+def _adding(send: Send, headers: list[Header]) -> Send:
+    """``send`` with ``headers`` added to the response start."""
+    return _Adding(send, headers)
 
 
 def _check_objects(*, settings: object, storage: object, breaker: object,
