@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ratelimit_mw import ALGORITHM_NAMES, Limit
-from ratelimit_mw.algorithms import NEVER_US, decide
+from ratelimit_mw.algorithms import NEVER_US, decide, run
 
 START = 1_700_000_040_000_000  # a multiple of every window below: windows start here
 S = 1_000_000
@@ -185,3 +185,21 @@ def test_cost_zero_never_changes_state(algorithm: str) -> None:
     state, now = _replay(limit, [(0, 2)])
     assert decide(state, now, limit, 0).state in (state, None)
     assert decide(state, now, limit, 0).remaining == 1
+
+
+_EVERY_KIND = [*(Limit.parse("7/minute", name, burst=9 if name in ("token_bucket", "gcra")
+                             else None) for name in ALGORITHM_NAMES),
+               Limit.concurrency(3), Limit.monthly(7)]
+
+
+@pytest.mark.parametrize("limit", _EVERY_KIND, ids=str)
+def test_run_takes_each_limit_to_its_own_algorithm(limit: Limit) -> None:
+    """``run`` (the memory storage's per-request call) answers as the limit's own step
+    function, state by state, for every kind of limit."""
+    state: Any = None
+    for n in range(12):
+        now = START + n * 7 * S
+        got = run(limit, state, now, 1)
+        assert got == limit.step(state, now, limit.amount, limit.period_us, limit.capacity, 1)
+        if got[0]:
+            state = got[4]

@@ -21,7 +21,7 @@ from . import (
 )
 from .base import NEVER_US, Outcome, Step
 
-__all__ = ["ALGORITHMS", "NEVER_US", "Algorithm", "Outcome", "Step", "decide"]
+__all__ = ["ALGORITHMS", "NEVER_US", "Algorithm", "Outcome", "Step", "decide", "run"]
 
 Algorithm = Callable[[Any, int, int, int, int, int], Outcome]
 """``(state, now_us, amount, period_us, capacity, cost) -> Step``; for the window
@@ -42,3 +42,24 @@ def decide(state: Any, now: int, limit: Limit, cost: int) -> Step:
     """Run ``limit``'s algorithm on ``state`` at ``now`` (microseconds)."""
     return Step(*ALGORITHMS[limit.algorithm](
         state, now, limit.rate.amount, limit.period_us, limit.capacity, cost))
+
+
+def run(limit: Limit, state: Any, now: int, cost: int) -> Outcome:
+    """``limit``'s algorithm on ``state`` at ``now``, as a plain tuple (the per-request
+    form of ``decide``). Named calls rather than ``limit.step``: compiled, they pass the
+    numbers and the answer without boxing them or building a tuple."""
+    kind = limit.algorithm
+    amount, period, capacity = limit.amount, limit.period_us, limit.capacity
+    if kind == "sliding_window":
+        return sliding_window.decide(state, now, amount, period, capacity, cost)
+    if kind == "token_bucket":
+        return token_bucket.decide(state, now, amount, period, capacity, cost)
+    if kind == "fixed_window":
+        return fixed_window.decide(state, now, amount, period, capacity, cost)
+    if kind == "concurrency":
+        return concurrency.decide(state, now, amount, period, capacity, cost)
+    if kind == "gcra":
+        return gcra.decide(state, now, amount, period, capacity, cost)
+    if kind == "sliding_log":
+        return sliding_log.decide(state, now, amount, period, capacity, cost)
+    return calendar_month.decide(state, now, amount, period, capacity, cost)

@@ -10,6 +10,7 @@ from typing import Any
 
 from mypy_extensions import mypyc_attr
 
+from ..algorithms import run
 from ..algorithms.concurrency import with_lease, without_lease
 from ..decision import Lease, Verdict, decision_from
 from ..errors import ConfigError
@@ -113,8 +114,8 @@ class MemoryStorage(Storage):
         for hit in hits:
             limit = hit.limit
             cell = cells.get(hit.slot)
-            step = limit.step(cell[0] if cell is not None and cell[1] > now else None, now,
-                              limit.amount, limit.period_us, limit.capacity, hit.cost)
+            step = run(limit, cell[0] if cell is not None and cell[1] > now else None, now,
+                       hit.cost)
             steps.append(step)
             if not step[0]:
                 allowed = False
@@ -135,9 +136,8 @@ class MemoryStorage(Storage):
                 if steps[i][0] and hit.cost:
                     limit = hit.limit
                     cell = cells.get(hit.slot)
-                    steps[i] = limit.step(
-                        cell[0] if cell is not None and cell[1] > now else None, now,
-                        limit.amount, limit.period_us, limit.capacity, 0)
+                    steps[i] = run(
+                        limit, cell[0] if cell is not None and cell[1] > now else None, now, 0)
         # tuple.__new__ skips the named tuple's Python-level __new__: this runs per request.
         return _new(Verdict, (allowed, tuple([
             decision_from(hit, step[0], step[1], step[2], step[3])
@@ -148,9 +148,8 @@ class MemoryStorage(Storage):
         """``decide_now`` for a single hit: the same steps, without the loops."""
         limit = hit.limit
         cell = cells.get(hit.slot)
-        allowed, remaining, reset, retry, state = limit.step(
-            cell[0] if cell is not None and cell[1] > now else None, now,
-            limit.amount, limit.period_us, limit.capacity, hit.cost)
+        allowed, remaining, reset, retry, state = run(
+            limit, cell[0] if cell is not None and cell[1] > now else None, now, hit.cost)
         leases: tuple[Lease, ...] = ()
         if allowed:
             if hit.cost:
