@@ -5,8 +5,8 @@ Use it around a flaky dependency (``await breaker.call(fn)``, ``@breaker``,
 ``breaker.try_acquire()`` and the `Permit` it returns.
 """
 
-from ._breaker import CircuitBreaker
-from ._permit import Permit
+from ._breaker import Permit
+from ._public import CircuitBreaker
 from ._state import CircuitOpenError, CircuitState
 
 __all__ = ["CircuitBreaker", "CircuitOpenError", "CircuitState", "Permit"]
