@@ -46,7 +46,7 @@ class Gate(Protocol):
     def remaining_cooldown(self) -> float: ...
 
 
-def check_mode(value: str) -> FailureMode:
+def check_mode(value: object) -> FailureMode:
     """``open``, ``closed`` or ``memory``, or a ConfigError."""
     text = str(value).strip().lower()
     for mode in FAILURE_MODES:
@@ -85,18 +85,21 @@ class StorageGuard:
         self,
         storage: Storage,
         *,
-        mode: FailureMode = "open",
-        timeout: float = 0.05,
-        recovery_interval: float = 2.0,
+        mode: object = "open",
+        timeout: object = 0.05,
+        recovery_interval: object = 2.0,
         breaker: Gate | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        # The checked arguments are typed object: compiled, a float parameter would take
+        # True for 1.0, and refuse a string with a TypeError naming neither it nor the value.
         self.mode = check_mode(mode)
         for name, value in (("storage timeout", timeout), ("recovery interval", recovery_interval)):
             if isinstance(value, bool) or not isinstance(value, int | float) or not (
                     0 < value < math.inf):
                 msg = f"{name} must be a positive number of seconds, got {value!r}"
                 raise ConfigError(msg)
+        assert isinstance(timeout, int | float) and isinstance(recovery_interval, int | float)
         self.storage = storage
         self.timeout = float(timeout)
         self.breaker: Gate = breaker if breaker is not None else CircuitBreaker(

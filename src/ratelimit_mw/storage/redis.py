@@ -254,7 +254,7 @@ class RedisStorage(Storage):
         if kind == "release" and wait is not None:
             wait = max(1.0, wait)
         self._pipeline.put((kind, command, future,  # type: ignore[union-attr]
-                            math.inf if wait is None else loop.time() + wait, slots))
+                            math.inf if wait is None else loop.time() + wait, slots), loop)
         return future
 
     def _abandon(self, slots: Slots) -> None:
