@@ -54,3 +54,23 @@ def test_max_keys_must_be_positive(max_keys: object) -> None:
 def test_repr_shows_live_state() -> None:
     """repr tells how full the storage is."""
     assert repr(MemoryStorage(max_keys=7)) == "MemoryStorage(keys=0, max_keys=7)"
+
+
+async def test_usage_history_stays_within_its_retention() -> None:
+    """A key counted for weeks keeps no more hourly and daily buckets than the retention
+    (memory stays bounded), and still reports the newest ones exactly."""
+    from ratelimit_mw import UsageRetention
+
+    clock = FakeClock(1_800_000_000.0 - 1_800_000_000 % 86400)
+    storage = MemoryStorage(clock=clock, usage_retention=UsageRetention(hours=5, days=3))
+    start = clock.now
+    for hour in range(24 * 20):
+        clock.now = start + hour * 3600
+        await storage.decide("k", [], usage=True)
+    entry = storage._keys["k"]
+    assert entry.hours is not None and entry.days is not None
+    assert len(entry.hours) <= 5 and len(entry.days) <= 3
+    newest = int(clock.now) - int(clock.now) % 3600
+    assert (await storage.usage("k", "hour", newest, newest))[0] == (newest, 1)
+    today = int(clock.now) - int(clock.now) % 86400
+    assert (await storage.usage("k", "day", today, today))[0] == (today, 24)

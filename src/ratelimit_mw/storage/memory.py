@@ -43,12 +43,14 @@ def _wall_us() -> int:
 class _Entry:
     """All the counters of one identity, and when the last of them expires."""
 
-    __slots__ = ("cells", "expires", "usage")
+    __slots__ = ("cells", "days", "expires", "hours")
 
     def __init__(self) -> None:
         self.cells: dict[tuple[str, str], tuple[Any, int]] = {}
         self.expires = 0
-        self.usage: dict[tuple[str, int], int] | None = None
+        # Usage history: admitted requests per hour and per day (since the epoch).
+        self.hours: dict[int, int] | None = None
+        self.days: dict[int, int] | None = None
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -66,7 +68,7 @@ class MemoryStorage(Storage):
     True
     """
 
-    __slots__ = ("_clock", "_keys", "_leases", "_max_buckets", "_now", "max_keys", "retention")
+    __slots__ = ("_clock", "_keys", "_leases", "_now", "max_keys", "retention")
 
     def __init__(
         self, *, max_keys: object = 100_000, clock: Callable[[], float] | None = None,
@@ -79,7 +81,6 @@ class MemoryStorage(Storage):
             raise ConfigError(msg)
         self.max_keys = max_keys
         self.retention = UsageRetention(*usage_retention).check()
-        self._max_buckets = self.retention.hours + self.retention.days + 2
         self._clock = clock
         self._now: Callable[[], int] = (
             _wall_us if clock is None or clock is _TIME
@@ -182,20 +183,16 @@ class MemoryStorage(Storage):
 
     def _count(self, entry: _Entry, now: int) -> None:
         """Add one admitted request to the hour and day buckets of ``now``."""
-        counts = entry.usage
-        if counts is None:
-            counts = entry.usage = {}
-        hour, day = ("hour", now // _HOUR_US), ("day", now // _DAY_US)
-        counts[hour] = counts.get(hour, 0) + 1
-        counts[day] = counts.get(day, 0) + 1
-        if len(counts) > self._max_buckets:
-            oldest_hour = hour[1] - self.retention.hours
-            oldest_day = day[1] - self.retention.days
-            for bucket in [b for b in counts
-                           if b[1] <= (oldest_hour if b[0] == "hour" else oldest_day)]:
-                del counts[bucket]
+        hours, days = entry.hours, entry.days
+        if hours is None or days is None:
+            hours, days = entry.hours, entry.days = {}, {}
+        hour, day = now // _HOUR_US, now // _DAY_US
+        hours[hour] = hours.get(hour, 0) + 1
+        days[day] = days.get(day, 0) + 1
+        _forget_before(hours, hour - self.retention.hours, self.retention.hours)
+        _forget_before(days, day - self.retention.days, self.retention.days)
         # Usage outlives the counters: keep the identity as long as its history.
-        kept = (day[1] + self.retention.days) * _DAY_US
+        kept = (day + self.retention.days) * _DAY_US
         if kept > entry.expires:
             entry.expires = kept
 
@@ -234,9 +231,12 @@ class MemoryStorage(Storage):
         now = self._now() / 1_000_000
         buckets = bucket_range(granularity, start, end, now, self.retention)
         entry = self._keys.get(key)
-        counts = entry.usage if entry is not None and entry.usage is not None else {}
+        counts = (entry.hours if granularity == "hour" else entry.days) if (
+            entry is not None) else None
+        if counts is None:
+            counts = {}
         size = BUCKET_SECONDS[granularity]
-        return [(n * size, counts.get((granularity, n), 0)) for n in buckets]
+        return [(n * size, counts.get(n, 0)) for n in buckets]
 
     async def reset(self, key: str) -> None:
         self._keys.pop(key, None)
@@ -244,3 +244,10 @@ class MemoryStorage(Storage):
     def clear(self) -> None:
         """Forget every counter."""
         self._keys.clear()
+
+
+def _forget_before(counts: dict[int, int], oldest: int, kept: int) -> None:
+    """Drop the buckets numbered ``oldest`` or lower, once there are more than ``kept``."""
+    if len(counts) > kept:
+        for bucket in [b for b in counts if b <= oldest]:
+            del counts[bucket]
