@@ -8,7 +8,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
 from types import TracebackType
-from typing import Any, Final, ParamSpec, TypeVar, final
+from typing import Any, Final, ParamSpec, TypeVar
 
 from mypy_extensions import mypyc_attr
 
@@ -182,7 +182,6 @@ class BreakerCore:
             return 0.0
         return max(0.0, self._opened_at + self._cooldown - now)
 
-    @final
     def try_acquire(self) -> Permit | None:
         """A permit to make one call, or None when the breaker refuses it."""
         now = self._clock()
@@ -277,13 +276,11 @@ class BreakerCore:
         """A result is a failure only if ``is_failure_result`` says so."""
         return self._is_failure_result_fn is not None and bool(self._is_failure_result_fn(result))
 
-    @final
     def _new_window(self) -> CountWindow | TimeWindow:
         if self._window_type == "count":
             return CountWindow(self._window_size)
         return TimeWindow(self._window_size)
 
-    @final
     def _refresh(self, now: float) -> None:
         """Make the transitions that time alone causes, each as of the moment it fell due."""
         while True:
@@ -298,7 +295,6 @@ class BreakerCore:
             else:
                 return
 
-    @final
     def _transition(self, new: CircuitState, at: float, reason: str) -> None:
         """Enter ``new`` as of time ``at``; log it and tell the hook when the state changes."""
         old = self._state
