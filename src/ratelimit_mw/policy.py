@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from mypy_extensions import mypyc_attr
+
 from .errors import ConfigError
 from .rates import Rate, parse_rate, parse_rates
 
@@ -39,6 +41,7 @@ def _algorithm(name: object) -> AlgorithmName:
     raise ConfigError(msg)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass(frozen=True, slots=True)
 class Limit:
     """How many requests a key may make, and which algorithm counts them.
@@ -154,6 +157,7 @@ def limits_from(
     return [Limit(rate, _algorithm(algorithm), burst) for rate in parse_rates(value)]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass(frozen=True, slots=True)
 class Hit:
     """One limit applied to one request: ``cost`` units, in a ``scope`` (e.g. a route).

@@ -185,3 +185,19 @@ def test_bad_arguments_fail_with_a_config_error_naming_them(build: object, match
     build too (a typed compiled parameter would raise a TypeError naming neither)."""
     with pytest.raises(ConfigError, match=re.escape(match)):
         build()  # type: ignore[operator]
+
+
+def test_limits_and_hits_can_be_subclassed() -> None:
+    """Compiled, Limit and Hit still take Python subclasses (the sources always did)."""
+
+    class Named(Limit):
+        def label(self) -> str:
+            return f"{self.name}!"
+
+    class Weighted(Hit):
+        pass
+
+    limit = Named.parse("5/minute", name="five")
+    hit = Weighted(limit, 2)
+    assert type(limit) is Named and limit.label() == "five!" and limit.capacity == 5
+    assert hit.cost == 2 and hit.slot == ("", limit.uid) and hit == Weighted(limit, 2)
