@@ -94,18 +94,13 @@ class StorageGuard:
         # The checked arguments are typed object: compiled, a float parameter would take
         # True for 1.0, and refuse a string with a TypeError naming neither it nor the value.
         self.mode = check_mode(mode)
-        for name, value in (("storage timeout", timeout), ("recovery interval", recovery_interval)):
-            if isinstance(value, bool) or not isinstance(value, int | float) or not (
-                    0 < value < math.inf):
-                msg = f"{name} must be a positive number of seconds, got {value!r}"
-                raise ConfigError(msg)
-        assert isinstance(timeout, int | float) and isinstance(recovery_interval, int | float)
+        self.timeout = _seconds("storage timeout", timeout)
+        cooldown = _seconds("recovery interval", recovery_interval)
         self.storage = storage
-        self.timeout = float(timeout)
         self.breaker: Gate = breaker if breaker is not None else CircuitBreaker(
             name="ratelimit-storage", window_size=10, minimum_calls=3,
-            failure_rate_threshold=50.0, cooldown=recovery_interval,
-            probe_timeout=max(1.0, 10 * timeout),
+            failure_rate_threshold=50.0, cooldown=cooldown,
+            probe_timeout=max(1.0, 10 * self.timeout),
         )
         self.fallback = MemoryStorage(clock=clock) if self.mode == "memory" else None
         # RedisStorage's own decide takes the timeout (one timer per batch); a subclass
@@ -171,6 +166,15 @@ class StorageGuard:
         else:
             self.stats.refused += 1
         return None, "unavailable"
+
+
+def _seconds(name: str, value: object) -> float:
+    """``value`` as a positive, finite number of seconds, or a ConfigError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            0 < value < math.inf):
+        msg = f"{name} must be a positive number of seconds, got {value!r}"
+        raise ConfigError(msg)
+    return float(value)
 
 
 def _describe(exc: BaseException) -> str:

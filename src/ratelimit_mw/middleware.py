@@ -99,10 +99,8 @@ class _Outcome:
         self.refused = refused
         self.headers = headers
         self.now = now
+        # The cache entry a blocked key's answer came from (it keeps the rendered 429).
         self.blocked = blocked
-        """The cache entry a blocked key's answer came from (it keeps the rendered 429)."""
-
-
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -248,7 +246,7 @@ class RateLimitMiddleware:
                                       outcome.source)
             return
         if outcome.headers:
-            send = _adding(send, outcome.headers)
+            send = _Adding(send, outcome.headers)
         if not leases:
             await self.app(scope, receive, send)
             return
@@ -564,7 +562,7 @@ class RateLimitMiddleware:
         response: Any = self._on_denied(scope, denial)
         if self._on_denied_async or inspect.isawaitable(response):
             response = await response
-        await response(scope, receive, _adding(send, headers))
+        await response(scope, receive, _Adding(send, headers))
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Opt-in: limit websocket connects. A refused one gets the 429 (headers and
@@ -752,11 +750,6 @@ class _Adding:
         if message["type"] in _RESPONSE_STARTS:
             message["headers"] = [*message.get("headers", ()), *self.headers]
         return self.send(message)
-
-
-def _adding(send: Send, headers: list[Header]) -> Send:
-    """``send`` with ``headers`` added to the response start."""
-    return _Adding(send, headers)
 
 
 def _check_objects(*, settings: object, storage: object, breaker: object,

@@ -75,7 +75,7 @@ class Limit:
     def __init__(self, rate: object, algorithm: object = "sliding_window",
                  burst: object = None, name: object = "") -> None:
         set_ = object.__setattr__
-        rate = rate if isinstance(rate, Rate) else parse_rate(rate)
+        rate = parse_rate(rate)
         set_(self, "rate", rate)
         kind = _algorithm(algorithm)
         set_(self, "algorithm", kind)
@@ -118,7 +118,7 @@ class Limit:
         burst: object = None, name: object = "",
     ) -> Limit:
         """Build one limit from a rate string such as ``"10/minute"``."""
-        return cls(parse_rate(rate), _algorithm(algorithm), burst, name)
+        return cls(rate, algorithm, burst, name)
 
     @classmethod
     def concurrency(cls, capacity: object, *, lease: object = 30.0, name: object = "") -> Limit:
@@ -154,7 +154,7 @@ def limits_from(
     value: str, algorithm: object = "sliding_window", *, burst: object = None,
 ) -> list[Limit]:
     """Build one limit per rate in ``"10/minute; 1000/day"``, all with one algorithm."""
-    return [Limit(rate, _algorithm(algorithm), burst) for rate in parse_rates(value)]
+    return [Limit(rate, algorithm, burst) for rate in parse_rates(value)]
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)

@@ -40,8 +40,7 @@ ALGORITHMS: dict[AlgorithmName, Algorithm] = {
 
 def decide(state: Any, now: int, limit: Limit, cost: int) -> Step:
     """Run ``limit``'s algorithm on ``state`` at ``now`` (microseconds)."""
-    return Step(*ALGORITHMS[limit.algorithm](
-        state, now, limit.rate.amount, limit.period_us, limit.capacity, cost))
+    return Step(*run(limit, state, now, cost))
 
 
 def run(limit: Limit, state: Any, now: int, cost: int) -> Outcome:

@@ -231,8 +231,9 @@ class MemoryStorage(Storage):
         now = self._now() / 1_000_000
         buckets = bucket_range(granularity, start, end, now, self.retention)
         entry = self._keys.get(key)
-        counts = (entry.hours if granularity == "hour" else entry.days) if (
-            entry is not None) else None
+        counts: dict[int, int] | None = None
+        if entry is not None:
+            counts = entry.hours if granularity == "hour" else entry.days
         if counts is None:
             counts = {}
         size = BUCKET_SECONDS[granularity]

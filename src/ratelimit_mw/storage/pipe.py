@@ -229,11 +229,9 @@ class Pipeline:
         self._watch_at = math.inf
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop all this belongs to
 
-    def put(self, entry: Queued, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        """Queue ``entry`` for this tick's flush; ``loop``: the running loop, if the caller
-        has it at hand (asking for it costs a system call, to check the process id)."""
-        if loop is None:
-            loop = asyncio.get_running_loop()
+    def put(self, entry: Queued, loop: asyncio.AbstractEventLoop) -> None:
+        """Queue ``entry`` for this tick's flush on ``loop``, the running loop (the caller
+        has it at hand: asking again costs a system call, to check the process id)."""
         if loop is not self._loop:
             self._move_to(loop)
         if not self._pending:
