@@ -14,6 +14,7 @@ from redis.crc import key_slot
 from ratelimit_mw import ALGORITHM_NAMES, ConfigError, Hit, Limit, RedisStorage, storage_from_url
 from ratelimit_mw.storage import pipe
 from ratelimit_mw.storage.keys import encode_part, redis_key
+from tests.conftest import FakeClock
 from tests.engine.test_storage import limit_for
 
 
@@ -83,6 +84,35 @@ async def test_every_key_has_a_ttl(storage: RedisStorage, raw: aioredis.Redis) -
             assert 0 < ttl <= 91 * 86_400_000, name
         else:
             assert 0 < ttl <= 2 * 60_000 + 1_000, name
+
+
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window"])
+async def test_a_window_key_gets_its_ttl_when_its_window_opens(
+    redis_url: str, redis_prefix: str, raw: aioredis.Redis, algorithm: str,
+) -> None:
+    """A window's key lives to a fixed end (the window's, or the next one's for the
+    sliding window), set by the window's first request: later requests in the window
+    only write their count. Seen on simulated time: a request 30 s into the window would
+    otherwise set a time to live 30 s shorter."""
+    clock = FakeClock(1_800_000_000.0 - 1_800_000_000 % 60)  # a minute boundary
+    storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, clock=clock)
+    limit = Limit.parse("100/minute", algorithm)
+    name = redis_key(redis_prefix, "w", "", limit.uid)
+    life = 60_000 if algorithm == "fixed_window" else 120_000  # ms, from the window's start
+    try:
+        assert (await storage.decide("w", [Hit(limit)])).allowed
+        first = await raw.pttl(name)
+        assert life < first <= life + 1_000
+        clock.advance(30)
+        for _ in range(3):
+            assert (await storage.decide("w", [Hit(limit)])).allowed
+        assert first - 1_000 < await raw.pttl(name) <= first
+        clock.advance(30)  # the next window opens: its key lives to its own end
+        assert (await storage.decide("w", [Hit(limit)])).allowed
+        assert life < await raw.pttl(name) <= life + 1_000
+        assert int(await raw.hget(name, "c")) == 1
+    finally:
+        await storage.close()
 
 
 async def test_decides_on_the_redis_clock(

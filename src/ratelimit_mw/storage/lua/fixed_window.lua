@@ -3,7 +3,8 @@
 local function fw_in_window(key, now, start, finish, limit, cost)
   local count = 0
   local saved = redis.call("HMGET", key, "w", "c")
-  if saved[1] and tonumber(saved[1]) == start then
+  local opened = not (saved[1] and tonumber(saved[1]) == start)
+  if not opened then
     count = tonumber(saved[2])
   end
   local reset = 0
@@ -21,7 +22,8 @@ local function fw_in_window(key, now, start, finish, limit, cost)
   end
   return true, limit - used, reset, 0, function(ttl_ms)
     redis.call("HSET", key, "w", fmt(start), "c", fmt(used))
-    redis.call("PEXPIRE", key, ttl_ms)
+    -- The key lives to the end of its window: set once, when the window opens.
+    if opened then redis.call("PEXPIRE", key, ttl_ms) end
   end
 end
 

@@ -62,6 +62,7 @@ ALGORITHMS.sliding_window = function(key, now, amount, period, capacity, cost)
   end
   return true, math.floor(limit - used - cost), start + 2 * period - now, 0, function(ttl_ms)
     redis.call("HSET", key, "w", fmt(start), "c", fmt(current + cost), "p", fmt(previous))
-    redis.call("PEXPIRE", key, ttl_ms)
+    -- The key lives to the end of the window after this one: set once per window.
+    if tonumber(saved[1]) ~= start then redis.call("PEXPIRE", key, ttl_ms) end
   end
 end
