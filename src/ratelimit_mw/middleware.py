@@ -242,8 +242,20 @@ class RateLimitMiddleware:
         verdict = outcome.verdict
         leases = verdict.leases if verdict is not None else ()
         if leases and self._local is None:
-            await self._holding_slots(scope, receive, send, outcome.headers, leases,
-                                      outcome.source)
+            gives_back = self._gives_back
+            if gives_back is None or outcome.source == "fallback":
+                await self._holding_slots(scope, receive, send, outcome.headers, leases,
+                                          outcome.source)
+                return
+            # Pipelined Redis gives slots back without awaiting: a plain send wrapper
+            # does it, with no coroutine of its own. Not a finally (see _holding_slots).
+            freeing = _Freeing(send, outcome.headers, leases, gives_back)
+            try:
+                await self.app(scope, receive, freeing)
+            except BaseException as exc:
+                freeing.free()
+                raise exc
+            freeing.free()
             return
         if outcome.headers:
             send = _Adding(send, outcome.headers)
@@ -750,6 +762,48 @@ class _Adding:
         if message["type"] in _RESPONSE_STARTS:
             message["headers"] = [*message.get("headers", ()), *self.headers]
         return self.send(message)
+
+
+class _Freeing:
+    """``send`` for a request holding concurrency slots on pipelined Redis: appends
+    ``headers`` to the response start, and gives the slots back just before the last
+    body chunk (``free``: at once, without waiting for Redis; then never again).
+
+    A plain callable returning ``send``'s own awaitable, like ``_Adding``.
+    """
+
+    __slots__ = ("headers", "held", "leases", "send", "storage")
+
+    def __init__(self, send: Send, headers: list[Header], leases: tuple[Lease, ...],
+                 storage: RedisStorage) -> None:
+        self.send = send
+        self.headers = headers
+        self.leases = leases
+        self.storage = storage
+        self.held = True
+
+    def __call__(self, message: Message) -> Awaitable[None]:
+        kind = message["type"]
+        if kind == "http.response.start":
+            if self.headers:
+                message["headers"] = [*message.get("headers", ()), *self.headers]
+        elif self.held and kind == "http.response.body" and not message.get("more_body"):
+            self.free()
+        return self.send(message)
+
+    def free(self) -> None:
+        """Give the slots back, once; never raises (a failure is logged, and the slots
+        free themselves when their lease ends)."""
+        if not self.held:
+            return
+        self.held = False
+        leases = self.leases
+        try:
+            # Not awaited: waiting for Redis's answer cost a second wake-up of the
+            # request's whole await chain, a fifth of its CPU time under load.
+            self.storage.give_back(leases).add_done_callback(partial(_gave_back, len(leases)))
+        except Exception as exc:
+            _could_not_give_back(len(leases), exc)
 
 
 def _check_objects(*, settings: object, storage: object, breaker: object,

@@ -540,6 +540,56 @@ async def test_redis_give_back_is_written_before_the_end_of_the_response(
         await storage.close()
 
 
+@pytest.mark.parametrize("ending", ["raises", "cancelled", "no body"])
+async def test_redis_slot_comes_back_however_the_app_call_ends(
+    redis_url: str, redis_prefix: str, ending: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On pipelined Redis (slots given back without awaiting): an app that raises after
+    its response started, one cancelled (a client gone), or one that never sends a body
+    still gives its slot back, once, and its own outcome is what the server sees; the
+    response start carries the rate-limit headers."""
+    storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, timeout=1.0)
+    sent: list[dict[str, Any]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        if ending == "raises":
+            raise RuntimeError("the app broke")
+        if ending == "cancelled":
+            raise asyncio.CancelledError
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    middleware = RateLimitMiddleware(app, tiers=[Tier("t", "1000/minute", concurrency=1)],
+                                     storage=storage)
+    scope = {"type": "http", "method": "GET", "path": "/", "headers": [],
+             "query_string": b"", "client": CLIENT}
+    released: list[str] = []
+    original = pipe._Pipe.write
+
+    def recording(self: Any, batch: Any, entries: list[Any]) -> None:
+        released.extend(entry[0] for entry in entries if entry[0] == "release")
+        original(self, batch, entries)
+
+    monkeypatch.setattr(pipe._Pipe, "write", recording)
+    try:
+        if ending == "no body":
+            await middleware(scope, receive, send)
+        else:
+            expected = RuntimeError if ending == "raises" else asyncio.CancelledError
+            with pytest.raises(expected):
+                await middleware(scope, receive, send)
+        assert await in_flight(storage, 1) == 0
+        assert len(released) == 1
+        assert (b"x-ratelimit-limit", b"1000") in sent[0]["headers"]
+    finally:
+        await storage.close()
+
+
 async def test_closing_the_storage_right_after_a_response_still_gives_its_slot_back(
     redis_url: str, redis_prefix: str, caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -281,12 +281,14 @@ class Pipeline:
             entries += (entry for _, entry, _ in self._pipe.waiting if entry is not None)
         return entries
 
-    def flush(self) -> None:
-        """Write what is queued (at the end of the tick, or now when called)."""
+    def flush(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Write what is queued (at the end of the tick, or now when called; ``loop``:
+        the running loop, if the caller has it at hand)."""
         entries, self._pending = self._pending, []
         if not entries:  # close() failed them meanwhile
             return
-        loop = asyncio.get_running_loop()
+        if loop is None:
+            loop = asyncio.get_running_loop()
         batch = _Batch(entries, loop.time())
         if batch.due != math.inf:
             inflight = self._inflight

@@ -296,7 +296,7 @@ class RedisStorage(Storage):
         order). The future is done when Redis has answered them all; it fails with the
         first error (the slots then free themselves when their lease ends)."""
         done = self._queue_releases(leases)
-        self._pipeline.flush()  # type: ignore[union-attr]
+        self._pipeline.flush(done.get_loop())  # type: ignore[union-attr]
         return done
 
     async def usage(
