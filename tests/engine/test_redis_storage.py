@@ -16,6 +16,7 @@ from ratelimit_mw.storage import pipe
 from ratelimit_mw.storage.keys import encode_part, redis_key
 from tests.conftest import FakeClock
 from tests.engine.test_storage import limit_for
+from tests.middleware.conftest import RedisServer
 
 
 @pytest.fixture
@@ -113,6 +114,51 @@ async def test_a_window_key_gets_its_ttl_when_its_window_opens(
         assert int(await raw.hget(name, "c")) == 1
     finally:
         await storage.close()
+
+
+async def test_the_commands_a_decision_runs_inside_redis() -> None:
+    """What the script asks of Redis, counted on a server of the test's own (on
+    simulated time, so without TIME): a window sets its key's time to live once per
+    window, and a caller with no request in flight costs its concurrency limit one
+    lookup, not two."""
+    server = RedisServer()
+    server.start()
+    clock = FakeClock(1_800_000_000.0 - 1_800_000_000 % 60)
+    storage = RedisStorage.from_url(server.url, clock=clock)
+    raw = aioredis.Redis.from_url(server.url)
+    hits = [Hit(Limit.parse("100/minute", "fixed_window")),
+            Hit(Limit.parse("100/minute", "sliding_window")),
+            Hit(Limit.parse("100/minute", "token_bucket")),
+            Hit(Limit.concurrency(5, lease=30))]
+
+    async def commands(*decisions: bool) -> dict[str, int]:
+        """Commands run by the decisions (True: give the slot back after it)."""
+        await raw.config_resetstat()
+        for give_back in decisions:
+            verdict = await storage.decide("k", hits)
+            assert verdict.allowed
+            if give_back:
+                await storage.release(verdict.leases)
+            clock.advance(1)
+        stats = await raw.info("commandstats")
+        return {name.removeprefix("cmdstat_"): stat["calls"] for name, stat in stats.items()
+                if name not in ("cmdstat_evalsha", "cmdstat_config|resetstat", "cmdstat_zrem")}
+
+    try:
+        warm = await storage.decide("warm-up", hits)  # connects and loads the script
+        await storage.release(warm.leases)
+        first = await commands(True)  # every key new: each gets its time to live
+        assert first == {"hmget": 3, "zrange": 1, "hset": 3, "pexpire": 4,
+                         "zremrangebyscore": 1, "zadd": 1}
+        idle = await commands(True, True)  # the same windows, nothing in flight
+        assert idle == {"hmget": 6, "zrange": 2, "hset": 6, "pexpire": 4,
+                        "zremrangebyscore": 2, "zadd": 2}
+        busy = await commands(False, False)  # the first slot still held at the second
+        assert busy["zcount"] == 1 and busy["zrange"] == 2 and busy["pexpire"] == 4
+    finally:
+        await storage.close()
+        await raw.aclose()
+        server.stop()
 
 
 async def test_decides_on_the_redis_clock(

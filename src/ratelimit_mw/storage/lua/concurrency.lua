@@ -4,10 +4,12 @@
 local CONCURRENCY_RETRY_HINT = 1000000
 ALGORITHMS.concurrency = function(key, now, amount, period, capacity, cost)
   local after = "(" .. fmt(now)
-  local in_flight = redis.call("ZCOUNT", key, after, "+inf")
-  local reset = 0
-  if in_flight > 0 then
-    local latest = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")
+  -- The latest lease first: when it has ended (a caller with nothing in flight, the
+  -- common case), so have all the others, and they need no counting.
+  local latest = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")
+  local in_flight, reset = 0, 0
+  if latest[2] and tonumber(latest[2]) > now then
+    in_flight = redis.call("ZCOUNT", key, after, "+inf")
     reset = tonumber(latest[2]) - now
   end
   if cost > capacity then
