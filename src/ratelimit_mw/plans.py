@@ -34,6 +34,8 @@ class Plan:
     static_headers: tuple[tuple[bytes, bytes], ...]
     concurrent: bool = False
     """True when the plan takes a concurrency slot (to give back when the request ends)."""
+    clash: tuple[Hit, Hit] | None = None
+    """Two of its hits on one counter, if any (``check_plan`` refuses them)."""
 
     def shadow_only(self, verdict: Verdict) -> bool:
         """True when every limit that denied ``verdict`` is a shadow limit."""
@@ -73,11 +75,34 @@ def make_plan(tier: Tier, route: RouteSpec, fmt: HeaderFormat, lease: float = 30
         names[slot] = name
     named = [(names[(hit.scope, hit.limit)], hit.limit) for hit in hits]
     return Plan(tier, route, hits, enforced, frozenset(shadow), names, tuple(fmt.static(named)),
-                tier.concurrency is not None)
+                tier.concurrency is not None, _clash(joined))
+
+
+def _clash(hits: Sequence[Hit]) -> tuple[Hit, Hit] | None:
+    """The first two of ``hits`` on one counter (same scope, algorithm, rate and
+    capacity: a limit's name does not make a counter of its own)."""
+    seen: dict[tuple[str, str], Hit] = {}
+    for hit in hits:
+        first = seen.setdefault(hit.slot, hit)
+        if first is not hit:
+            return first, hit
+    return None
 
 
 def check_plan(plan: Plan, method_path: str) -> None:
-    """Fail at start-up when a request could never pass one of its limits."""
+    """Fail at start-up when a request could never pass one of its limits, or when two
+    of its limits would count on one counter."""
+    if plan.clash is not None:
+        first, second = plan.clash
+        where = f"route {method_path}" if first.scope else f"tier {plan.tier.name!r}"
+        if first.limit == second.limit:
+            msg = f"{where}: limit {first.limit.name!r} ({first.limit}) is given twice; drop one"
+        else:
+            msg = (f"{where}: limits {first.limit.name!r} ({first.limit}) and "
+                   f"{second.limit.name!r} ({second.limit}) would count on one counter (the "
+                   f"same algorithm, rate and capacity); give one of them another rate or "
+                   f"algorithm, or drop it")
+        raise ConfigError(msg)
     hit = plan.never()
     if hit is None:
         return

@@ -103,6 +103,59 @@ def test_rule_cost_larger_than_capacity_fails_at_startup(memory: MemoryStorage) 
                             rules=[RouteRule("/upload", cost=4)])
 
 
+def _plain() -> object:
+    """A fresh endpoint (decorators mark the function itself)."""
+    async def endpoint(request: Request) -> Response:
+        return PlainTextResponse("ok")
+    return endpoint
+
+
+@pytest.mark.parametrize(("where", "message"), [
+    ("tier", "tier 't': limits 'a' (sliding_window 4/minute) and 'b' (sliding_window "
+             "4/minute) would count on one counter"),
+    ("decorators", "route /p: limits 'y' (sliding_window 3/minute) and 'x' (sliding_window "
+                   "3/minute) would count on one counter"),
+    ("shadow", "route /p: limits 'y' (sliding_window 3/minute) and 'x' (sliding_window "
+               "3/minute) would count on one counter"),
+    ("rule", "route /q: limit '3-per-minute' (sliding_window 3/minute) is given twice"),
+])
+def test_two_limits_on_one_counter_fail_at_startup(
+    memory: MemoryStorage, where: str, message: str,
+) -> None:
+    """A limit's name does not give it a counter of its own: two limits of the same
+    algorithm, rate and capacity in one scope (a tier's, an endpoint's, a rule's) would
+    each charge the other's counter, and one would vanish from the headers. Refused at
+    start-up, naming both, whether or not one of them is a shadow limit."""
+    tiers = [Tier("t", "100/minute")]
+    routes: list[Route] = []
+    rules: list[RouteRule] = []
+    if where == "tier":
+        tiers = [Tier("t", [Limit.parse("4/minute", name="a"), Limit.parse("4/minute", name="b")])]
+    elif where == "rule":
+        rules = [RouteRule("/q", limits="3/minute; 3/minute")]
+    else:
+        endpoint = limit("3/minute", name="x")(
+            limit("3/minute", name="y", shadow=where == "shadow")(_plain()))
+        routes = [Route("/p", endpoint)]
+    with pytest.raises(ConfigError) as failure:
+        RateLimitMiddleware(Starlette(routes=routes).router, tiers=tiers, storage=memory,
+                            rules=rules)
+    assert message in str(failure.value)
+
+
+async def test_limits_of_one_shape_in_different_scopes_count_apart(
+    clock: FakeClock, memory: MemoryStorage,
+) -> None:
+    """The same rate on the tier and on a route is two counters: no clash."""
+    endpoint = limit("3/minute", name="route")(_plain())
+    app = make_app([Route("/p", endpoint)], tiers=[Tier("t", "3/minute")], storage=memory,
+                   clock=clock, header_style="draft-11")
+    async with client_for(app) as client:
+        response = await client.get("/p")
+    assert response.status_code == 200
+    assert response.headers["ratelimit"] == '"3-per-minute";r=2;t=100,"route";r=2;t=100'
+
+
 async def test_configured_rules_with_methods(clock: FakeClock, memory: MemoryStorage) -> None:
     """A configured pattern limits only the methods it names, shared by matching paths."""
     rule = RouteRule("/items/{id}", frozenset({"POST"}), "1/minute")
