@@ -71,6 +71,12 @@ def _per(decision: Decision) -> str:
     return f"{rate.amount} {noun} per {str(rate).split('/', 1)[1]}"
 
 
+def _window(period_us: int) -> str:
+    """``60s``, ``2592000s``, ``0.5s``: a period in seconds, never in exponent notation."""
+    seconds, micros = divmod(period_us, 1_000_000)
+    return f"{seconds}s" if not micros else f"{seconds}.{micros:06d}".rstrip("0") + "s"
+
+
 def _iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -92,7 +98,7 @@ def denial_body(denial: Denial, fmt: ResponseFormat = "json") -> tuple[bytes, by
     fields: dict[str, object] = {
         "retry_after_seconds": retry,
         "limit": decision.limit,
-        "window": None if concurrent else f"{decision.policy.period:g}s",
+        "window": None if concurrent else _window(decision.policy.period_us),
         "reset_at": None if retry is None else _iso(math.ceil(denial.now + wait)),
     }
     if fmt == "problem+json":

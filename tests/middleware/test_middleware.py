@@ -16,7 +16,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from ratelimit_mw import Hit, Lease, Limit, MemoryStorage, Verdict
+from ratelimit_mw import Hit, Lease, Limit, MemoryStorage, Rate, Verdict
 from ratelimit_mw.events import DecisionEvent
 from ratelimit_mw.middleware import RateLimitMiddleware
 from ratelimit_mw.responses import Denial
@@ -323,6 +323,23 @@ async def test_a_shadow_limit_does_not_set_the_wait_of_a_real_denial(
     body = denied.json()
     assert (body["limit"], body["window"]) == (2, "60s")
     assert body["retry_after_seconds"] == int(denied.headers["retry-after"])
+
+
+@pytest.mark.parametrize(("limit", "window"), [
+    (Limit.parse("1/12 days", "fixed_window"), "1036800s"),
+    (Limit.monthly(1), "2592000s"),
+    (Limit(Rate(1, 0.25), "fixed_window"), "0.25s"),
+])
+async def test_the_429_window_is_plain_seconds(
+    clock: FakeClock, memory: MemoryStorage, limit: Limit, window: str,
+) -> None:
+    """Long and fractional periods too: ``1036800s``, never ``1.0368e+06s``."""
+    app = make_app(tiers=[Tier("t", [limit])], storage=memory, clock=clock)
+    async with client_for(app) as client:
+        assert (await client.get("/")).status_code == 200
+        denied = await client.get("/")
+    assert denied.status_code == 429
+    assert denied.json()["window"] == window
 
 
 async def test_a_memory_storage_subclass_keeps_its_overrides(clock: FakeClock) -> None:
