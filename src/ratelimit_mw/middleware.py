@@ -574,7 +574,7 @@ class RateLimitMiddleware:
         response: Any = self._on_denied(scope, denial)
         if self._on_denied_async or inspect.isawaitable(response):
             response = await response
-        await response(scope, receive, _Adding(send, headers))
+        await response(scope, receive, _Completing(send, headers))
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Opt-in: limit websocket connects. A refused one gets the 429 (headers and
@@ -761,6 +761,28 @@ class _Adding:
     def __call__(self, message: Message) -> Awaitable[None]:
         if message["type"] in _RESPONSE_STARTS:
             message["headers"] = [*message.get("headers", ()), *self.headers]
+        return self.send(message)
+
+
+class _Completing:
+    """``send`` for a custom denial response (``on_denied``): adds the rate-limit headers
+    and ``Retry-After`` that the response does not set itself (its own win, so never two
+    of one), and ``Cache-Control: no-store`` to a 429 that says nothing about caching."""
+
+    __slots__ = ("headers", "send")
+
+    def __init__(self, send: Send, headers: list[Header]) -> None:
+        self.send = send
+        self.headers = headers
+
+    def __call__(self, message: Message) -> Awaitable[None]:
+        if message["type"] in _RESPONSE_STARTS:
+            own = message.get("headers", ())
+            names = {name.lower() for name, _ in own}
+            added = [header for header in self.headers if header[0] not in names]
+            if message.get("status") == 429 and b"cache-control" not in names:
+                added.append((b"cache-control", b"no-store"))
+            message["headers"] = [*own, *added]
         return self.send(message)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from starlette.applications import Starlette
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
@@ -103,6 +103,28 @@ async def test_custom_denied_response_hook(clock: FakeClock, memory: MemoryStora
     assert denied.headers["x-ratelimit-remaining"] == "0"
     assert seen[0].tier == "t"
     assert seen[0].key == "ip:203.0.113.7"
+    assert denied.headers["cache-control"] == "no-store"
+
+
+async def test_a_custom_denied_response_keeps_the_headers_it_sets(
+    clock: FakeClock, memory: MemoryStorage,
+) -> None:
+    """What the hook's response sets itself wins: one Retry-After, its own caching
+    header; the middleware adds only the headers it lacks."""
+    def on_denied(scope: Scope, denial: Denial) -> Response:
+        return PlainTextResponse("later", status_code=429, headers={
+            "Retry-After": "999", "X-RateLimit-Remaining": "none", "Cache-Control": "private"})
+
+    app = make_app(tiers=[Tier("t", "1/minute")], storage=memory, clock=clock,
+                   on_denied=on_denied)
+    async with client_for(app) as client:
+        await client.get("/")
+        denied = await client.get("/")
+    assert denied.status_code == 429
+    assert denied.headers.get_list("retry-after") == ["999"]
+    assert denied.headers.get_list("x-ratelimit-remaining") == ["none"]
+    assert denied.headers.get_list("cache-control") == ["private"]
+    assert denied.headers["x-ratelimit-limit"] == "1"
 
 
 async def test_waiting_exactly_retry_after_gets_through(
