@@ -114,7 +114,13 @@ def cost(amount: int) -> Callable[[F], F]:
 @dataclass(frozen=True, slots=True)
 class RouteRule:
     """Limits for paths that match ``path`` (``*``: anything, ``{name}``: one segment),
-    for ``methods`` (all when empty), from configuration instead of a decorator."""
+    for ``methods`` (all when empty), from configuration instead of a decorator.
+
+    ``limits`` are the rule's own, shared by every path it matches, and each request
+    counts 1 on them; ``cost`` is what each request counts against the tier's limits
+    (as ``@cost`` does). ``exempt`` takes the paths out of rate limiting; ``shadow``
+    makes the rule's limits report without blocking.
+    """
 
     path: str
     methods: frozenset[str] = frozenset()

@@ -95,7 +95,8 @@ class TierConfig(_Strict):
 
 
 class RouteConfig(_Strict):
-    """Limits, cost or exemption for paths matching ``path`` and ``methods``."""
+    """Limits, cost or exemption for paths matching ``path`` and ``methods`` (see
+    ``RouteRule``: ``cost`` counts against the tier's limits, 1 on the rule's own)."""
 
     path: str
     methods: list[str] = []

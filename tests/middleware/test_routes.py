@@ -174,6 +174,19 @@ async def test_configured_rules_with_methods(clock: FakeClock, memory: MemorySto
     assert posts == [200, 429]
 
 
+async def test_a_rules_cost_counts_against_the_tier(
+    clock: FakeClock, memory: MemoryStorage,
+) -> None:
+    """A rule's ``cost`` is the route's cost on the tier's limits (as ``@cost``); each
+    request counts 1 on the rule's own limits."""
+    rule = RouteRule("/search", limits=[Limit.parse("5/minute", name="search")], cost=2)
+    app = make_app([Route("/search", ok)], tiers=[Tier("t", "10/minute")], storage=memory,
+                   clock=clock, rules=[rule], header_style="draft-11")
+    async with client_for(app) as client:
+        response = await client.get("/search")
+    assert response.headers["ratelimit"] == '"10-per-minute";r=8;t=100,"search";r=4;t=100'
+
+
 async def test_rules_from_settings(clock: FakeClock, memory: MemoryStorage) -> None:
     """routes= in settings add limits, costs and exemptions by pattern."""
     app = make_app(tiers=[Tier("t", "100/minute")], storage=memory, clock=clock,
