@@ -9,7 +9,7 @@ from typing import Any, Literal, get_args
 from mypy_extensions import mypyc_attr
 
 from .errors import ConfigError
-from .rates import Rate, parse_rate, parse_rates
+from .rates import MAX_AMOUNT, MAX_PERIOD, Rate, parse_rate, parse_rates
 
 __all__ = ["ALGORITHM_NAMES", "AlgorithmName", "Hit", "Limit", "limits_from"]
 
@@ -83,8 +83,15 @@ class Limit:
             if kind not in _BURSTABLE:
                 msg = f"burst={burst!r} only applies to token_bucket and gcra, not {kind}"
                 raise ConfigError(msg)
-            if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
-                msg = f"burst must be a positive integer, got {burst!r}"
+            if (isinstance(burst, bool) or not isinstance(burst, int)
+                    or not 1 <= burst <= MAX_AMOUNT):
+                msg = f"burst must be a positive integer of at most {MAX_AMOUNT:,}, got {burst!r}"
+                raise ConfigError(msg)
+            refill = burst * rate.period / rate.amount
+            if refill > MAX_PERIOD:
+                msg = (f"burst={burst} at {rate} would take {refill / 86400:,.0f} days to "
+                       f"refill from empty, more than ten years ({MAX_PERIOD // 86400:,} days): "
+                       f"lower the burst or raise the rate")
                 raise ConfigError(msg)
         set_(self, "burst", burst)
         if kind == "calendar_month" and rate.period != _MONTH:

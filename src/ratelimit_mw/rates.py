@@ -16,6 +16,15 @@ _UNITS = (("year", 365 * 86400), ("month", 30 * 86400), ("day", 86400), ("hour",
           ("minute", 60), ("second", 1))
 _EXAMPLES = "expected e.g. '10/minute', '100 per hour', '5/30 seconds' or '10/minute; 1000/day'"
 
+MAX_PERIOD = 10 * 365 * 86400
+"""The longest period (and the longest time a bucket may take to refill), in seconds:
+ten years. Times are counted in microseconds, and Redis's Lua counts them in doubles,
+exact only below 2**53 µs (about 285 years after 1970): far-off times would lose
+whole microseconds and the algorithms' exact searches for the retry time would never
+end."""
+MAX_AMOUNT = 10**12
+"""The most requests a limit may count: exact in a double with room for every sum."""
+
 
 @dataclass(frozen=True, slots=True)
 class Rate:
@@ -25,8 +34,10 @@ class Rate:
     period: float
 
     def __post_init__(self) -> None:
-        if isinstance(self.amount, bool) or not isinstance(self.amount, int) or self.amount < 1:
-            msg = f"rate amount must be a positive integer, got {self.amount!r}"
+        if (isinstance(self.amount, bool) or not isinstance(self.amount, int)
+                or not 1 <= self.amount <= MAX_AMOUNT):
+            msg = (f"rate amount must be a positive integer of at most {MAX_AMOUNT:,}, "
+                   f"got {self.amount!r}")
             raise ConfigError(msg)
         if (
             isinstance(self.period, bool)
@@ -35,6 +46,10 @@ class Rate:
             or self.period * 1_000_000 < 1
         ):
             msg = f"rate period must be a positive number of seconds, got {self.period!r}"
+            raise ConfigError(msg)
+        if self.period > MAX_PERIOD:
+            msg = (f"rate period must be at most ten years ({MAX_PERIOD} seconds), got "
+                   f"{self.period:.0f} seconds")
             raise ConfigError(msg)
 
     @property
@@ -73,7 +88,11 @@ def parse_rates(value: object) -> list[Rate]:
         if item.amount <= 0:
             msg = f"rate {value!r} allows no request at all; the amount must be at least 1"
             raise ConfigError(msg)
-        rates.append(Rate(item.amount, item.get_expiry()))
+        try:
+            rates.append(Rate(item.amount, item.get_expiry()))
+        except ConfigError as exc:
+            msg = f"rate {value!r}: {exc}"
+            raise ConfigError(msg) from None
     return rates
 
 

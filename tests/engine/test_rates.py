@@ -8,6 +8,7 @@ import re
 import pytest
 
 from ratelimit_mw import ConfigError, Hit, Limit, Rate, limits_from, parse_rate, parse_rates
+from ratelimit_mw.rates import MAX_AMOUNT, MAX_PERIOD
 
 
 @pytest.mark.parametrize(
@@ -71,6 +72,30 @@ def test_rate_period_must_be_positive(period: float) -> None:
     """Rate(..., period) rejects zero, negative, NaN, infinite and sub-microsecond periods."""
     with pytest.raises(ConfigError, match="period"):
         Rate(10, period)
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("1/150 years", r"rate '1/150 years': rate period must be at most ten years"),
+    ("10/99999999999999999999 days", "at most ten years"),
+    ("1000000000001/second", "at most 1,000,000,000,000, got 1000000000001"),
+])
+def test_rates_beyond_what_can_be_counted_exactly_are_refused(text: str, match: str) -> None:
+    """A period over ten years, or more than a trillion requests: refused, naming the rate
+    (Redis's Lua counts microseconds in doubles, which lose whole microseconds far
+    enough out; its searches for the retry time would then never end)."""
+    with pytest.raises(ConfigError, match=match):
+        Limit.parse(text)
+
+
+def test_the_longest_rates_are_accepted() -> None:
+    """The bounds themselves pass: ten years, a trillion requests, a ten-year refill."""
+    assert Rate(1, MAX_PERIOD).period == MAX_PERIOD
+    assert Limit.parse(f"{MAX_AMOUNT}/second").capacity == MAX_AMOUNT
+    assert Limit(Rate(1, 86400), "token_bucket", burst=3650).capacity == 3650
+    with pytest.raises(ConfigError, match=r"3,651 days to refill from empty, more than ten years"):
+        Limit(Rate(1, 86400), "token_bucket", burst=3651)
+    with pytest.raises(ConfigError, match="would take 694,444 days to refill"):
+        Limit.parse("1/minute", "gcra", burst=1_000_000_000)
 
 
 def test_limit_parse_and_defaults() -> None:

@@ -11,7 +11,17 @@ import pytest
 import redis.asyncio as aioredis
 from redis.crc import key_slot
 
-from ratelimit_mw import ALGORITHM_NAMES, ConfigError, Hit, Limit, RedisStorage, storage_from_url
+from ratelimit_mw import (
+    ALGORITHM_NAMES,
+    ConfigError,
+    Hit,
+    Limit,
+    MemoryStorage,
+    Rate,
+    RedisStorage,
+    storage_from_url,
+)
+from ratelimit_mw.rates import MAX_PERIOD
 from ratelimit_mw.storage import pipe
 from ratelimit_mw.storage.keys import encode_part, redis_key
 from tests.conftest import FakeClock
@@ -159,6 +169,31 @@ async def test_the_commands_a_decision_runs_inside_redis() -> None:
         await storage.close()
         await raw.aclose()
         server.stop()
+
+
+@pytest.mark.parametrize("limit", [
+    Limit(Rate(1, MAX_PERIOD), "sliding_window"),
+    Limit(Rate(1, MAX_PERIOD), "fixed_window"),
+    Limit(Rate(1, MAX_PERIOD), "sliding_log"),
+    Limit(Rate(1, MAX_PERIOD), "gcra"),
+    Limit(Rate(1, 86400), "token_bucket", burst=3650),  # ten years to refill
+], ids=str)
+async def test_the_longest_limits_deny_promptly_and_exactly(
+    storage: RedisStorage, raw: aioredis.Redis, limit: Limit,
+) -> None:
+    """At the longest period (and refill) allowed, a denial is answered at once with the
+    same wait as memory storage's (Redis's searches for the retry time end), and the
+    key still expires."""
+    hits = [Hit(limit, limit.capacity)]
+    assert (await storage.decide("long", hits)).allowed
+    memory = MemoryStorage()
+    assert (await memory.decide("long", hits)).allowed
+    denied = await asyncio.wait_for(storage.decide("long", [Hit(limit)]), 5)
+    expected = (await memory.decide("long", [Hit(limit)])).retry_after
+    assert not denied.allowed
+    assert abs(denied.retry_after - expected) < 2
+    name = redis_key(storage.prefix, "long", "", limit.uid)
+    assert 0 < await raw.pttl(name) <= 2 * MAX_PERIOD * 1000 + 1000
 
 
 async def test_decides_on_the_redis_clock(
