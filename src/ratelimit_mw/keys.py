@@ -79,11 +79,17 @@ class TrustedProxies:
             if item == "*":
                 continue
             try:
-                networks.append(ipaddress.ip_network(item, strict=False))
+                network = ipaddress.ip_network(item, strict=False)
             except ValueError as exc:
                 msg = (f"couldn't parse trusted proxy {item!r}; expected an IP address, "
                        f"a network such as '10.0.0.0/8', or '*'")
                 raise ConfigError(msg) from exc
+            if "/" in item and network.network_address != _address(item.split("/", 1)[0]):
+                # 10.0.0.1/8 would silently trust all of 10.0.0.0/8.
+                msg = (f"trusted proxy {item!r} has host bits set; write the network "
+                       f"{str(network)!r}, or the one address {item.split('/', 1)[0]!r}")
+                raise ConfigError(msg)
+            networks.append(network)
         self.networks = tuple(networks)
         self._cache: dict[str, bool] = {}
 
@@ -162,24 +168,27 @@ def _strip_port(node: str) -> str:
 class ClientIP:
     """The client's address: the peer, or, behind trusted proxies, the forwarded client.
 
-    ``Forwarded`` (RFC 7239), else ``X-Forwarded-For``, is read only when the peer is a
-    trusted proxy, and walked right to left: the first hop that is not a trusted proxy
-    is the client. IPv6 clients are grouped by ``/ipv6_prefix`` (a /64 belongs to one
-    subscriber), so rotating through one's own addresses gains nothing.
+    ``forwarded_header``, the header your proxies set (``X-Forwarded-For``, or RFC
+    7239's ``Forwarded``), is read only when the peer is a trusted proxy, and walked
+    right to left: the first hop that is not a trusted proxy is the client. The other
+    header is never read: a proxy passes on what the client sent in it, so a client
+    could pick its own key with it. IPv6 clients are grouped by ``/ipv6_prefix`` (a /64
+    belongs to one subscriber), so rotating through one's own addresses gains nothing.
     """
 
-    __slots__ = ("_keys", "_warned", "ipv6_prefix", "trusted")
+    __slots__ = ("_header", "_keys", "_warned", "ipv6_prefix", "trusted")
 
     # ipv6_prefix is typed object: compiled, an int parameter would reject a bad value
     # with a TypeError naming neither it nor the value, before the check below.
     def __init__(
         self, trusted_proxies: TrustedProxies | Iterable[str] | str = (), *,
-        ipv6_prefix: object = 64,
+        ipv6_prefix: object = 64, forwarded_header: object = "x-forwarded-for",
     ) -> None:
         if isinstance(ipv6_prefix, bool) or not isinstance(ipv6_prefix, int) or not (
                 1 <= ipv6_prefix <= 128):
             msg = f"ipv6_prefix must be an integer from 1 to 128, got {ipv6_prefix!r}"
             raise ConfigError(msg)
+        self._header = check_forwarded_header(forwarded_header).encode()
         self.trusted = (trusted_proxies if isinstance(trusted_proxies, TrustedProxies)
                         else TrustedProxies(trusted_proxies))
         self.ipv6_prefix: int = ipv6_prefix
@@ -188,8 +197,8 @@ class ClientIP:
         if self.trusted.everyone:
             _log.warning(
                 "ratelimit_mw: every peer is a trusted proxy ('*'); any client can choose "
-                "its own rate-limit key with X-Forwarded-For. Trust only your proxies' "
-                "addresses.")
+                "its own rate-limit key with %s. Trust only your proxies' addresses.",
+                self.forwarded_header)
 
     def __call__(self, scope: Scope) -> str:
         client = scope.get("client")
@@ -209,15 +218,19 @@ class ClientIP:
             key = keys[peer] = _ip_key(peer, self.ipv6_prefix)
         return key
 
+    @property
+    def forwarded_header(self) -> str:
+        """The forwarding header believed from trusted proxies."""
+        return self._header.decode()
+
     def _forwarded_client(self, scope: Scope, peer: str) -> str:
         """Walk the forwarding chain from the right; the first untrusted hop is the client."""
-        value = header_value(scope, b"forwarded")
-        if value is not None:
+        value = header_value(scope, self._header)
+        if value is None:
+            return peer
+        if self._header == b"forwarded":
             hops = _forwarded_for(value)
         else:
-            value = header_value(scope, b"x-forwarded-for")
-            if value is None:
-                return peer
             hops = [_strip_port(hop.strip()) for hop in value.split(",")[-_MAX_HOPS:]]
         client = peer
         for hop in reversed(hops):
@@ -241,7 +254,42 @@ class ClientIP:
                 return
 
     def __repr__(self) -> str:
-        return f"ClientIP({self.trusted!r}, ipv6_prefix={self.ipv6_prefix})"
+        return (f"ClientIP({self.trusted!r}, ipv6_prefix={self.ipv6_prefix}, "
+                f"forwarded_header={self.forwarded_header!r})")
+
+
+FORWARDED_HEADERS = ("x-forwarded-for", "forwarded")
+
+
+def check_forwarded_header(value: object) -> str:
+    """``x-forwarded-for`` or ``forwarded`` (any case): the header trusted proxies set."""
+    name = value.strip().lower() if isinstance(value, str) else None
+    if name not in FORWARDED_HEADERS:
+        msg = (f"forwarded_header must be 'x-forwarded-for' or 'forwarded' (the header your "
+               f"proxies set), got {value!r}")
+        raise ConfigError(msg)
+    return name
+
+
+def _address(text: str) -> object:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+_TCHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz")
+
+
+def header_name(value: object, what: str) -> str:
+    """``value`` as a lower-case HTTP header name (an RFC 9110 token), or a ConfigError
+    naming ``what`` and the value (a name no request can carry would never match)."""
+    name = value.strip().lower() if isinstance(value, str) else ""
+    if not name or not set(name) <= _TCHARS:
+        msg = (f"{what} must be an HTTP header name (letters, digits and !#$%&'*+-.^_`|~), "
+               f"got {value!r}")
+        raise ConfigError(msg)
+    return name
 
 
 def _digest(value: str) -> str:
@@ -256,10 +304,7 @@ class APIKey:
     __slots__ = ("_name", "fallback", "header")
 
     def __init__(self, header: object = "x-api-key", *, fallback: KeyFunc | None = None) -> None:
-        if not isinstance(header, str) or not header.strip():
-            msg = f"the API key header must be a header name, got {header!r}"
-            raise ConfigError(msg)
-        self.header = header.strip().lower()
+        self.header = header_name(header, "the API key header")
         self._name = self.header.encode("latin-1")
         self.fallback: KeyFunc = fallback if fallback is not None else ClientIP()
         if is_async_callable(self.fallback):

@@ -163,12 +163,20 @@ class RateLimitMiddleware:
         # The client IP keys requests by default, and those whose key function raised
         # (their failure is logged, not a 500).
         self._client_ip = ClientIP(TrustedProxies(settings.trusted_proxies),
-                                   ipv6_prefix=settings.ipv6_prefix)
+                                   ipv6_prefix=settings.ipv6_prefix,
+                                   forwarded_header=settings.forwarded_header)
         self._key = _key_function(key, settings, self._client_ip)
         self._key_async = is_async_callable(self._key)
         self._failures = _Complaints()
         if tier_resolver is None and settings.tier_header:
-            tier_resolver = TierFromHeader(settings.tier_header)
+            trusted = self._client_ip.trusted
+            tier_resolver = TierFromHeader(settings.tier_header, trusted=trusted)
+            if not trusted:
+                _log.warning(
+                    "ratelimit_mw: the tier is taken from the %s header of every client; "
+                    "any client can pick its own tier unless a gateway sets or strips it "
+                    "(set trusted_proxies to believe it only from your gateway)",
+                    settings.tier_header)
         self._resolver = tier_resolver
         self._resolver_async = is_async_callable(tier_resolver)
         names = getattr(tier_resolver, "tier_names", None)

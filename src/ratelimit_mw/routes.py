@@ -135,7 +135,12 @@ class RouteRule:
             msg = f"a route pattern must start with '/', got {self.path!r}"
             raise ConfigError(msg)
         methods = [self.methods] if isinstance(self.methods, str) else self.methods
-        object.__setattr__(self, "methods", frozenset(m.strip().upper() for m in methods))
+        names = frozenset(m.strip().upper() if isinstance(m, str) else m for m in methods)
+        for name in names:
+            if not isinstance(name, str) or not name or not set(name) <= _METHOD_CHARS:
+                msg = f"route {self.path!r}: {name!r} is not an HTTP method (e.g. 'GET')"
+                raise ConfigError(msg)
+        object.__setattr__(self, "methods", names)
         object.__setattr__(self, "limits", as_limits(self.limits))
         object.__setattr__(self, "cost", _check_cost(self.cost))
         object.__setattr__(self, "pattern", compile_pattern(self.path))
@@ -146,8 +151,14 @@ class RouteRule:
         return f"rule:{','.join(sorted(self.methods)) or '*'} {self.path}"
 
     def matches(self, method: str, path: str) -> bool:
-        """True when this rule applies to ``method`` and ``path``."""
-        return (not self.methods or method in self.methods) and bool(self.pattern.fullmatch(path))
+        """True when this rule applies to ``method`` and ``path`` (a rule for GET also
+        covers HEAD, which Starlette answers with the GET endpoint)."""
+        methods = self.methods
+        return (not methods or method in methods or (method == "HEAD" and "GET" in methods)
+                ) and bool(self.pattern.fullmatch(path))
+
+
+_METHOD_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
 def compile_pattern(path: str) -> re.Pattern[str]:

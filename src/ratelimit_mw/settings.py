@@ -28,18 +28,29 @@ lists are comma-separated (``RATELIMIT_TRUSTED_PROXIES=10.0.0.1,10.0.0.2``);
 
 from __future__ import annotations
 
+import difflib
+import logging
 import math
+import os
 import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, StrictInt, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .errors import ConfigError
 from .failure import FailureMode, check_mode
 from .headers import parse_header_style
-from .keys import TrustedProxies
+from .keys import TrustedProxies, check_forwarded_header, header_name
 from .policy import Limit
 from .responses import check_format
 from .routes import RouteRule
@@ -47,6 +58,8 @@ from .storage.base import UsageRetention
 from .tiers import Tier, TierTable
 
 __all__ = ["LimitConfig", "RateLimitSettings", "RouteConfig", "TierConfig"]
+
+_log = logging.getLogger("ratelimit_mw")
 
 
 class _Strict(BaseModel):
@@ -112,6 +125,23 @@ class RouteConfig(_Strict):
                          self.cost, self.exempt, self.shadow)
 
 
+_warned_variables: set[str] = set()
+
+
+def _warn_unknown_variables(fields: Iterable[str]) -> None:
+    """Warn, once each, of ``RATELIMIT_*`` environment variables that set nothing (a
+    typo would otherwise leave its setting at the default without a word). A warning,
+    not an error: other tools read variables of that prefix too."""
+    known = {f"RATELIMIT_{name.upper()}" for name in fields}
+    for variable in os.environ:
+        name = variable.upper()
+        if name.startswith("RATELIMIT_") and name not in known and name not in _warned_variables:
+            _warned_variables.add(name)
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            _log.warning("ratelimit_mw: the environment variable %s sets nothing%s", variable,
+                         f" (did you mean {close[0]}?)" if close else "")
+
+
 def _split(value: Any) -> Any:
     """``"a, b"`` from an environment variable -> ``["a", "b"]``."""
     if isinstance(value, str):
@@ -135,6 +165,7 @@ class RateLimitSettings(BaseSettings):
     key: Literal["ip", "api_key", "user"] = "ip"
     api_key_header: str = "x-api-key"
     trusted_proxies: Annotated[list[str], NoDecode] = []
+    forwarded_header: str = "x-forwarded-for"
     ipv6_prefix: int = 64
     default_limits: str = "100/minute"
     default_tier: str | None = None
@@ -155,11 +186,50 @@ class RateLimitSettings(BaseSettings):
     def _lists(cls, value: Any) -> Any:
         return _split(value)
 
+    @field_validator("storage_timeout", "recovery_interval", "concurrency_lease",
+                     "ipv6_prefix", "blocked_cache_size", "usage_retention_hours",
+                     "usage_retention_days", mode="before")
+    @classmethod
+    def _numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # A TOML or JSON true is not 1: refused, not coerced.
+        if isinstance(value, bool):
+            msg = f"{info.field_name} must be a number, got {value!r}"
+            raise ConfigError(msg)
+        return value
+
+    @field_validator("storage_timeout", "recovery_interval")
+    @classmethod
+    def _seconds(cls, value: float, info: ValidationInfo) -> float:
+        if not 0 < value < math.inf:
+            msg = f"{info.field_name} must be a positive number of seconds, got {value!r}"
+            raise ConfigError(msg)
+        return value
+
+    @field_validator("blocked_cache_size")
+    @classmethod
+    def _cache_size(cls, value: int) -> int:
+        if value < 0:
+            msg = f"blocked_cache_size must be 0 (off) or a positive number, got {value!r}"
+            raise ConfigError(msg)
+        return value
+
+    @field_validator("api_key_header", "tier_header")
+    @classmethod
+    def _header(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if info.field_name == "tier_header" and not (value or "").strip():
+            return None  # unset
+        return header_name(value, str(info.field_name))
+
     @field_validator("header_style")
     @classmethod
     def _style(cls, value: str) -> str:
         parse_header_style(value)
         return value
+
+    @field_validator("forwarded_header")
+    @classmethod
+    def _forwarded(cls, value: str) -> str:
+        return check_forwarded_header(value)
 
     @field_validator("failure_mode", mode="before")
     @classmethod
@@ -174,6 +244,7 @@ class RateLimitSettings(BaseSettings):
     @model_validator(mode="after")
     def _build_check(self) -> RateLimitSettings:
         # Build everything once so a bad rate, algorithm or tier name fails at load time.
+        _warn_unknown_variables(type(self).model_fields)
         TrustedProxies(self.trusted_proxies)
         self.build_tiers()
         self.build_routes()

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from starlette.types import Scope
 
 from .errors import ConfigError
-from .keys import header_value
+from .keys import TrustedProxies, header_name, header_value
 from .policy import Hit, Limit, limits_from
 
 __all__ = ["Tier", "TierByAPIKey", "TierFromHeader", "TierResolver", "TierTable", "as_limits"]
@@ -149,18 +149,28 @@ class TierTable:
 class TierFromHeader:
     """The tier named by a request header, e.g. set by a trusted gateway.
 
-    Clients can pick their tier with it: use it only behind a proxy that sets or
+    With ``trusted`` proxies, the header is believed only from them (a client that
+    reaches the app another way gets the default tier); without, from every peer, so
+    clients can pick their tier with it: use it so only behind a gateway that sets or
     strips the header. Values that are not in ``allowed`` (or unknown) get the default.
     """
 
-    __slots__ = ("_name", "allowed", "header")
+    __slots__ = ("_name", "allowed", "header", "trusted")
 
-    def __init__(self, header: str, *, allowed: Iterable[str] | None = None) -> None:
-        self.header = header.strip().lower()
+    def __init__(self, header: object, *, allowed: Iterable[str] | None = None,
+                 trusted: TrustedProxies | Iterable[str] | None = None) -> None:
+        self.header = header_name(header, "the tier header")
         self._name = self.header.encode("latin-1")
         self.allowed = frozenset(allowed) if allowed is not None else None
+        if trusted is not None and not isinstance(trusted, TrustedProxies):
+            trusted = TrustedProxies(trusted)
+        self.trusted = trusted if trusted else None
 
     def __call__(self, scope: Scope) -> str | None:
+        if self.trusted is not None:
+            client = scope.get("client")
+            if not client or client[0] not in self.trusted:
+                return None
         value = header_value(scope, self._name)
         if value is None:
             return None
@@ -180,9 +190,9 @@ class TierByAPIKey:
 
     __slots__ = ("_keys", "_name", "header")
 
-    def __init__(self, plans: Mapping[str, str], header: str = "x-api-key") -> None:
+    def __init__(self, plans: Mapping[str, str], header: object = "x-api-key") -> None:
         self._keys = dict(plans)
-        self.header = header.strip().lower()
+        self.header = header_name(header, "the API key header")
         self._name = self.header.encode("latin-1")
 
     def __call__(self, scope: Scope) -> str | None:

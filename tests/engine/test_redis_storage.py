@@ -246,11 +246,20 @@ def test_prefix_with_braces_is_refused() -> None:
         storage_from_url("redis://127.0.0.1:6379/0", prefix="app{1}:")
 
 
-@pytest.mark.parametrize("url", ["mysql://x", "redis:/nohost", "nonsense", "", "memory:/"])
+@pytest.mark.parametrize("url", [
+    "mysql://x", "redis:/nohost", "nonsense", "", "memory:/", "memory://host",
+    "memory://?max_keys=-1", "memory://?max_keys=lots", "memory://?maxkeys=5",
+    "memory://?max_keys=5&max_keys=6"])
 def test_unknown_storage_urls_are_refused(url: str) -> None:
-    """An unsupported URL is a ConfigError naming it."""
-    with pytest.raises(ConfigError, match="storage URL"):
+    """An unsupported URL, or one with options memory storage would ignore, is a
+    ConfigError naming it (or the bad value)."""
+    with pytest.raises(ConfigError, match=r"storage URL|max_keys must be"):
         storage_from_url(url)
+
+
+def test_a_memory_url_takes_max_keys() -> None:
+    storage = storage_from_url("memory://?max_keys=50")
+    assert isinstance(storage, MemoryStorage) and storage.max_keys == 50
 
 
 async def test_storage_from_url_builds_both_kinds(redis_url: str) -> None:

@@ -13,7 +13,7 @@ from starlette.requests import HTTPConnection
 
 from ratelimit_mw import ConfigError, Hit, Limit, MemoryStorage
 from ratelimit_mw.keys import APIKey, AuthenticatedUser, ClientIP, TrustedProxies
-from ratelimit_mw.tiers import Tier
+from ratelimit_mw.tiers import Tier, TierFromHeader
 from tests.conftest import FakeClock
 
 from .conftest import client_for, make_app
@@ -40,14 +40,8 @@ def scope_from(peer: str | None, headers: list[tuple[str, str]] = ()) -> dict[st
     (["10.0.0.0/8"], "10.0.0.1", [("X-Forwarded-For", "10.0.0.3, 10.0.0.2")], "ip:10.0.0.3"),
     # A trusted proxy without the header: the proxy itself.
     (["10.0.0.1"], "10.0.0.1", [], "ip:10.0.0.1"),
-    # Forwarded (RFC 7239), with quotes, ports and IPv6 brackets.
-    (["10.0.0.1"], "10.0.0.1", [("Forwarded", 'for="[2001:db8::1]:4711";proto=https')],
-     "ip:2001:db8::/64"),
-    (["10.0.0.1"], "10.0.0.1", [("Forwarded", "for=192.0.2.60:8080, for=10.0.0.1")],
-     "ip:192.0.2.60"),
     # Garbage from a trusted proxy stops the walk at the last hop we believe.
     (["10.0.0.1"], "10.0.0.1", [("X-Forwarded-For", "not-an-ip")], "ip:10.0.0.1"),
-    (["10.0.0.1"], "10.0.0.1", [("Forwarded", "for")], "ip:10.0.0.1"),
     # IPv6 peers are grouped by /64; IPv4-mapped addresses are IPv4.
     ([], "2001:db8:1:2:3:4:5:6", [], "ip:2001:db8:1:2::/64"),
     ([], "::ffff:192.0.2.1", [], "ip:192.0.2.1"),
@@ -58,6 +52,40 @@ def test_client_ip(trusted: list[str], peer: str | None, headers: list[tuple[str
                    expected: str) -> None:
     """The client IP follows forwarding headers only from trusted proxies."""
     assert ClientIP(trusted)(scope_from(peer, headers)) == expected
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    # RFC 7239, with quotes, ports and IPv6 brackets.
+    ('for="[2001:db8::1]:4711";proto=https', "ip:2001:db8::/64"),
+    ("for=192.0.2.60:8080, for=10.0.0.1", "ip:192.0.2.60"),
+    ("For=192.0.2.60;by=10.0.0.1", "ip:192.0.2.60"),
+    # Garbage from a trusted proxy stops the walk at the last hop we believe.
+    ("for", "ip:10.0.0.1"),
+    ("for=unknown", "ip:10.0.0.1"),
+])
+def test_client_ip_from_forwarded(value: str, expected: str) -> None:
+    """Behind proxies that set ``Forwarded``: its ``for=`` nodes, right to left."""
+    client_ip = ClientIP(["10.0.0.1"], forwarded_header="Forwarded")
+    assert client_ip(scope_from("10.0.0.1", [("Forwarded", value)])) == expected
+
+
+@pytest.mark.parametrize(("header", "expected"), [
+    ("x-forwarded-for", "ip:192.0.2.1"), ("forwarded", "ip:192.0.2.2")])
+def test_only_the_header_the_proxies_set_is_believed(header: str, expected: str) -> None:
+    """A proxy appends to its own forwarding header and passes the other one on as the
+    client sent it: only the configured one is read, so the other can't pick the key."""
+    headers = [("X-Forwarded-For", "6.6.6.6, 192.0.2.1"),
+               ("Forwarded", "for=6.6.6.7, for=192.0.2.2")]
+    client_ip = ClientIP(["10.0.0.0/8"], forwarded_header=header)
+    assert client_ip(scope_from("10.0.0.1", headers)) == expected
+    assert client_ip(scope_from("10.0.0.1", headers[::-1][:1] if header == "x-forwarded-for"
+                                else headers[:1])) == "ip:10.0.0.1"
+
+
+@pytest.mark.parametrize("value", ["x-real-ip", "", None, 1, "forwarded-for"])
+def test_a_bad_forwarded_header_fails_naming_it(value: object) -> None:
+    with pytest.raises(ConfigError, match=f"forwarded_header must be .*got {value!r}"):
+        ClientIP(forwarded_header=value)
 
 
 def test_ipv6_prefix_is_configurable() -> None:
@@ -74,11 +102,15 @@ def test_bad_ipv6_prefix_is_a_config_error(prefix: object) -> None:
         ClientIP(ipv6_prefix=prefix)
 
 
-@pytest.mark.parametrize("header", ["", "  ", 5, None])
+@pytest.mark.parametrize("header", ["", "  ", 5, None, "x-k\u20acy", "bad header", "x:y"])
 def test_bad_api_key_header_is_a_config_error(header: object) -> None:
-    """The API key header must be a header name."""
-    with pytest.raises(ConfigError, match="API key header must be a header name"):
+    """The API key header must be a header name a request can carry, or start-up fails
+    naming it (not a UnicodeEncodeError, not a limiter that never finds its key)."""
+    with pytest.raises(ConfigError, match=f"API key header must be an HTTP header name.*"
+                                          f"got {re.escape(repr(header))}"):
         APIKey(header)
+    with pytest.raises(ConfigError, match="tier header must be an HTTP header name"):
+        TierFromHeader(header)
 
 
 def test_a_client_host_that_is_not_a_string_still_gets_a_key() -> None:

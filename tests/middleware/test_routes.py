@@ -174,6 +174,26 @@ async def test_configured_rules_with_methods(clock: FakeClock, memory: MemorySto
     assert posts == [200, 429]
 
 
+async def test_a_rule_for_get_covers_head(clock: FakeClock, memory: MemoryStorage) -> None:
+    """Starlette answers HEAD with the GET endpoint: a GET rule counts HEAD requests on
+    the same counter, so they can't get round it."""
+    served = []
+
+    async def search(request: Request) -> Response:
+        served.append(request.method)
+        return PlainTextResponse("found")
+
+    rule = RouteRule("/search", frozenset({"GET"}), "2/minute")
+    app = make_app([Route("/search", search)], tiers=[Tier("t", "100/minute")],
+                   storage=memory, clock=clock, rules=[rule])
+    async with client_for(app) as client:
+        codes = [(await client.head("/search")).status_code for _ in range(2)]
+        codes.append((await client.get("/search")).status_code)
+        codes.append((await client.head("/search")).status_code)
+    assert codes == [200, 200, 429, 429]
+    assert served == ["HEAD", "HEAD"]
+
+
 async def test_a_rules_cost_counts_against_the_tier(
     clock: FakeClock, memory: MemoryStorage,
 ) -> None:

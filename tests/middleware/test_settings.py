@@ -106,12 +106,49 @@ def test_toml_table(tmp_path: Path) -> None:
      "unknown algorithm"),
     ("routes", [{"path": "/x", "limits": "1/minute", "algorithm": "nope"}], "unknown algorithm"),
     ("trusted_proxies", ["example.com"], "trusted proxy"),
+    ("trusted_proxies", ["10.0.0.1/8"], "has host bits set; write the network '10.0.0.0/8'"),
     ("response_format", "xml", "unknown response format"),
+    ("forwarded_header", "x-real-ip", "forwarded_header must be 'x-forwarded-for' or"),
+    ("ipv6_prefix", True, "ipv6_prefix must be a number, got True"),
+    ("storage_timeout", True, "storage_timeout must be a number, got True"),
+    ("storage_timeout", float("nan"), "storage_timeout must be a positive number of seconds"),
+    ("storage_timeout", 0, "storage_timeout must be a positive number of seconds, got 0"),
+    ("recovery_interval", -5, "recovery_interval must be a positive number of seconds"),
+    ("recovery_interval", float("inf"), "recovery_interval must be a positive number"),
+    ("blocked_cache_size", -5, "blocked_cache_size must be 0 .off. or a positive number"),
+    ("tier_header", "x-t\u20acr", "tier_header must be an HTTP header name"),
+    ("api_key_header", "bad header", "api_key_header must be an HTTP header name"),
+    ("routes", [{"path": "/x", "methods": ["G E T"]}], "'G E T' is not an HTTP method"),
+    ("routes", [{"path": "/x", "methods": [""]}], "'' is not an HTTP method"),
 ])
 def test_bad_settings_fail_when_loaded(field: str, value: object, message: str) -> None:
     """Bad styles, modes, rates, algorithms and tier names fail at load, clearly."""
     with pytest.raises(ValidationError, match=message):
         RateLimitSettings(**{field: value})  # type: ignore[arg-type]
+
+
+def test_bad_environment_values_fail_naming_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From the environment too: a bad value fails at load, naming the variable's field."""
+    monkeypatch.setenv("RATELIMIT_STORAGE_TIMEOUT", "nan")
+    with pytest.raises(ValidationError, match="storage_timeout must be a positive number"):
+        RateLimitSettings()
+    monkeypatch.delenv("RATELIMIT_STORAGE_TIMEOUT")
+    monkeypatch.setenv("RATELIMIT_FORWARDED_HEADER", "Forwarded")
+    monkeypatch.setenv("RATELIMIT_TIER_HEADER", "")
+    settings = RateLimitSettings()
+    assert (settings.forwarded_header, settings.tier_header) == ("forwarded", None)
+
+
+def test_a_misspelt_variable_is_warned_of(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A RATELIMIT_ variable that sets nothing (a typo) is named in a warning, with the
+    setting it probably meant; the setting keeps its default."""
+    monkeypatch.setenv("RATELIMIT_FAILURE_MDOE", "closed")
+    settings = RateLimitSettings()
+    assert settings.failure_mode == "open"
+    assert ("the environment variable RATELIMIT_FAILURE_MDOE sets nothing (did you mean "
+            "RATELIMIT_FAILURE_MODE?)") in caplog.text
 
 
 def test_unknown_default_tier_fails_when_loaded() -> None:

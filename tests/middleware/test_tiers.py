@@ -87,6 +87,28 @@ async def test_tier_header_when_configured(clock: FakeClock, memory: MemoryStora
             "x-ratelimit-limit"] == "1"
 
 
+async def test_tier_header_is_believed_only_from_trusted_proxies(
+    clock: FakeClock, memory: MemoryStorage, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With trusted proxies configured, the tier header counts only when the gateway
+    sends it: a client reaching the app directly gets the default tier, whatever it
+    claims. Without trusted proxies, every client's header counts, and a warning says
+    so at start-up."""
+    app = make_app(tiers=[Tier("free", "1/minute"), PRO], storage=memory, clock=clock,
+                   tier_header="x-plan", trusted_proxies=["10.0.0.0/8"])
+    async with client_for(app, client=("203.0.113.50", 4000)) as direct, \
+            client_for(app, client=("10.0.0.1", 4000)) as gateway:
+        claimed = [(await direct.get("/", headers={"x-plan": "pro"})).status_code
+                   for _ in range(2)]
+        through = await gateway.get("/", headers={"x-plan": "pro"})
+    assert claimed == [200, 429]
+    assert through.headers["x-ratelimit-limit"] == "100"
+    assert "taken from the x-plan header of every client" not in caplog.text
+    RateLimitMiddleware(Starlette().router, tiers=[Tier("free", "1/minute"), PRO],
+                        storage=memory, tier_header="x-plan")
+    assert "taken from the x-plan header of every client" in caplog.text
+
+
 def test_resolver_naming_unknown_tier_fails_at_startup(memory: MemoryStorage) -> None:
     """A resolver that can name a tier that doesn't exist is refused at start-up."""
     with pytest.raises(ConfigError, match="unknown tier 'gold'"):
