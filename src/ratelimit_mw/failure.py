@@ -94,8 +94,8 @@ class StorageGuard:
         # The checked arguments are typed object: compiled, a float parameter would take
         # True for 1.0, and refuse a string with a TypeError naming neither it nor the value.
         self.mode = check_mode(mode)
-        self.timeout = _seconds("storage timeout", timeout)
-        cooldown = _seconds("recovery interval", recovery_interval)
+        self.timeout = positive_seconds("storage timeout", timeout)
+        cooldown = positive_seconds("recovery interval", recovery_interval)
         self.storage = storage
         self.breaker: Gate = breaker if breaker is not None else CircuitBreaker(
             name="ratelimit-storage", window_size=10, minimum_calls=3,
@@ -168,7 +168,7 @@ class StorageGuard:
         return None, "unavailable"
 
 
-def _seconds(name: str, value: object) -> float:
+def positive_seconds(name: str, value: object) -> float:
     """``value`` as a positive, finite number of seconds, or a ConfigError naming it."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not (
             0 < value < math.inf):

@@ -31,6 +31,7 @@ from ratelimit_mw.idempotency import (
     RedisIdempotencyStore,
 )
 from tests.conftest import FakeClock, free_port
+from tests.middleware.conftest import redis_server  # noqa: F401 - a fixture of the outage tests
 
 
 class Orders:

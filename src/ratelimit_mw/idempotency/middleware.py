@@ -5,7 +5,6 @@ from __future__ import annotations
 import fnmatch
 import inspect
 import logging
-import math
 import re
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -15,6 +14,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import ConfigError, StorageError
+from ..failure import positive_seconds
 from .fingerprint import fingerprint, record_key
 from .header import InvalidKeyError, parse_idempotency_key
 from .memory import MemoryIdempotencyStore
@@ -46,15 +46,6 @@ def _answer(status: int, error: str, message: str, **headers: str) -> JSONRespon
     """One of the middleware's own answers; they are never stored."""
     headers["Cache-Control"] = "no-store"
     return JSONResponse({"error": error, "message": message}, status_code=status, headers=headers)
-
-
-def _positive(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (
-        0 < value < math.inf
-    ):
-        msg = f"{name} must be a positive number of seconds, got {value!r}"
-        raise ConfigError(msg)
-    return float(value)
 
 
 def _size(name: str, value: object) -> int:
@@ -147,8 +138,8 @@ class IdempotencyMiddleware:
             raise ConfigError(msg)
         self.app = app
         self.store = store if store is not None else MemoryIdempotencyStore()
-        self.ttl = _positive("ttl", ttl)
-        self.lock_ttl = _positive("lock_ttl", lock_ttl)
+        self.ttl = positive_seconds("ttl", ttl)
+        self.lock_ttl = positive_seconds("lock_ttl", lock_ttl)
         self.max_request_size = _size("max_request_size", max_request_size)
         self.max_response_size = _size("max_response_size", max_response_size)
         self.fail_open = fail_open

@@ -12,10 +12,18 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
+from ..breaker import CircuitBreaker
 from ..errors import ConfigError, StorageError
+from ..failure import Gate, positive_seconds
 from .store import Claim, IdempotencyStore, StoredResponse
 
-__all__ = ["RedisIdempotencyStore", "script_source"]
+__all__ = ["DEFAULT_RECOVERY_INTERVAL", "DEFAULT_TIMEOUT", "RedisIdempotencyStore", "script_source"]
+
+DEFAULT_TIMEOUT = 0.25
+"""Seconds one store call may take; see `RedisIdempotencyStore` for why this much."""
+DEFAULT_RECOVERY_INTERVAL = 2.0
+"""Seconds the breaker refuses calls after it opens, before one trial call (the rate
+limiter's ``recovery_interval``)."""
 
 _FAILURES = (redis_errors.RedisError, OSError, asyncio.TimeoutError)
 
@@ -38,21 +46,61 @@ class RedisIdempotencyStore(IdempotencyStore):
     name), always with a TTL: the lease while in flight, ``ttl`` once done.
     The client must return bytes (``decode_responses=False``): bodies are binary.
     Redis errors are raised as ``StorageError``.
+
+    Every call, on a client of the store's own or on one passed in, is bounded
+    by ``timeout`` seconds (``DEFAULT_TIMEOUT``, 0.25) and goes through
+    ``breaker``, as the rate limiter's storage calls do (``ratelimit_mw.failure``):
+    after 3 calls of which at least half failed, calls are refused at once with
+    a ``StorageError`` for ``recovery_interval`` seconds (2), then one trial call
+    tests Redis and closes the breaker if it answers. So while Redis is down or
+    frozen, a keyed request pays the timeout only now and then, and the
+    middleware answers it (503, or the request runs with ``fail_open``) at once.
+    Pass ``breaker`` (a ``ratelimit_mw.breaker.CircuitBreaker``) to tune or watch it.
+    A call that timed out may still run when a frozen Redis resumes: a claim then
+    holds its key until ``lock_ttl`` runs out (409s meanwhile, never a second run).
+
+    The default timeout is five times the rate limiter's 0.05 s because this is a
+    write path: ``complete`` carries the whole response (up to 1 MiB by default)
+    and the first call of a connection also connects (TLS with ``rediss://``)
+    and may load the script. A call cut short costs more here, too: a claim
+    refused is a 503 the client retries, but a response not stored keeps its key
+    locked until the release, or the lease, frees it. Yet 0.25 s is short next to
+    the time a client waits for an answer, so a frozen Redis never hangs it.
     """
 
-    __slots__ = ("_claim", "_client", "_complete", "_owns_client", "_release", "prefix")
+    __slots__ = (
+        "_claim", "_client", "_complete", "_owns_client", "_release", "breaker", "prefix",
+        "timeout",
+    )
 
     def __init__(
-        self, client: Redis | Any, *, prefix: str = "idempotency:", owns_client: bool = False
+        self,
+        client: Redis | Any,
+        *,
+        prefix: str = "idempotency:",
+        owns_client: bool = False,
+        timeout: float = DEFAULT_TIMEOUT,
+        recovery_interval: float = DEFAULT_RECOVERY_INTERVAL,
+        breaker: Gate | None = None,
     ) -> None:
         if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
             msg = f"key prefix {prefix!r} must be a string without '{{' or '}}'"
+            raise ConfigError(msg)
+        self.timeout = positive_seconds("idempotency store timeout", timeout)
+        cooldown = positive_seconds("recovery interval", recovery_interval)
+        if breaker is not None and not callable(getattr(breaker, "try_acquire", None)):
+            msg = f"breaker must be a CircuitBreaker (or have try_acquire()), got {breaker!r}"
             raise ConfigError(msg)
         pool = getattr(client, "connection_pool", None)
         if pool is not None and pool.connection_kwargs.get("decode_responses"):
             msg = "the Redis client must use decode_responses=False: stored bodies are bytes"
             raise ConfigError(msg)
         self.prefix = prefix
+        self.breaker: Gate = breaker if breaker is not None else CircuitBreaker(
+            name="idempotency-store", window_size=10, minimum_calls=3,
+            failure_rate_threshold=50.0, cooldown=cooldown,
+            probe_timeout=max(1.0, 10 * self.timeout),
+        )
         self._client = client
         self._owns_client = owns_client
         self._claim: AsyncScript = client.register_script(script_source("claim"))
@@ -61,28 +109,57 @@ class RedisIdempotencyStore(IdempotencyStore):
 
     @classmethod
     def from_url(
-        cls, url: str, *, prefix: str = "idempotency:", timeout: float | None = None,
+        cls,
+        url: str,
+        *,
+        prefix: str = "idempotency:",
+        timeout: float = DEFAULT_TIMEOUT,
+        recovery_interval: float = DEFAULT_RECOVERY_INTERVAL,
+        breaker: Gate | None = None,
         **options: Any,
     ) -> RedisIdempotencyStore:
-        """Connect lazily to ``redis://`` or ``rediss://``; ``timeout`` bounds each call."""
-        if timeout is not None:
-            options.setdefault("socket_timeout", timeout)
-            options.setdefault("socket_connect_timeout", timeout)
+        """Connect lazily to ``redis://`` or ``rediss://``; ``timeout`` bounds each call.
+
+        ``timeout`` is also the socket timeouts unless ``options`` set them.
+        """
+        timeout = positive_seconds("idempotency store timeout", timeout)
+        options.setdefault("socket_timeout", timeout)
+        options.setdefault("socket_connect_timeout", timeout)
         options["decode_responses"] = False
-        return cls(Redis.from_url(url, **options), prefix=prefix, owns_client=True)
+        return cls(Redis.from_url(url, **options), prefix=prefix, owns_client=True,
+                   timeout=timeout, recovery_interval=recovery_interval, breaker=breaker)
 
     def __repr__(self) -> str:
-        return f"RedisIdempotencyStore(prefix={self.prefix!r}, client={self._client!r})"
+        return (f"RedisIdempotencyStore(prefix={self.prefix!r}, timeout={self.timeout:g}, "
+                f"breaker={self.breaker!r}, client={self._client!r})")
+
+    async def _run(self, doing: str, script: AsyncScript, key: str, args: list[Any]) -> Any:
+        """One script call under the timeout and through the breaker; else a StorageError."""
+        permit = self.breaker.try_acquire()
+        if permit is None:
+            wait = self.breaker.remaining_cooldown
+            when = f"next try in {wait:.1f} s" if wait else "a trial call is testing it"
+            msg = f"redis could not {doing}: not tried, Redis failed repeatedly ({when})"
+            raise StorageError(msg)
+        try:
+            async with asyncio.timeout(self.timeout):
+                reply = await script(keys=[self.prefix + key], args=args)
+        except _FAILURES as exc:
+            permit.record_failure()
+            reason = str(exc) or f"no answer within {self.timeout:g} s"
+            msg = f"redis could not {doing}: {reason}"
+            raise StorageError(msg) from exc
+        except BaseException:
+            # Cancelled (the client left) or a bug: says nothing about Redis.
+            permit.release()
+            raise
+        permit.record_success()
+        return reply
 
     async def claim(self, key: str, fingerprint: str, *, lock_ttl: float) -> Claim:
         token = uuid.uuid4().hex
-        try:
-            reply = await self._claim(
-                keys=[self.prefix + key], args=[fingerprint, token, _ms(lock_ttl)]
-            )
-        except _FAILURES as exc:
-            msg = f"redis could not claim an idempotency key: {exc}"
-            raise StorageError(msg) from exc
+        args = [fingerprint, token, _ms(lock_ttl)]
+        reply = await self._run("claim an idempotency key", self._claim, key, args)
         outcome = reply[0].decode()
         if outcome == "claimed":
             return Claim("claimed", token)
@@ -95,22 +172,14 @@ class RedisIdempotencyStore(IdempotencyStore):
     async def complete(
         self, key: str, token: str, fingerprint: str, response: StoredResponse, *, ttl: float
     ) -> bool:
-        args: list[str | int | bytes] = [
+        args: list[Any] = [
             token, fingerprint, _ms(ttl), response.status, response.headers_json(),
             response.body,
         ]
-        try:
-            return bool(await self._complete(keys=[self.prefix + key], args=args))
-        except _FAILURES as exc:
-            msg = f"redis could not store an idempotent response: {exc}"
-            raise StorageError(msg) from exc
+        return bool(await self._run("store an idempotent response", self._complete, key, args))
 
     async def release(self, key: str, token: str) -> None:
-        try:
-            await self._release(keys=[self.prefix + key], args=[token])
-        except _FAILURES as exc:
-            msg = f"redis could not release an idempotency key: {exc}"
-            raise StorageError(msg) from exc
+        await self._run("release an idempotency key", self._release, key, [token])
 
     async def close(self) -> None:
         """Close the client if this store created it."""
