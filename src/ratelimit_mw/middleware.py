@@ -772,16 +772,12 @@ class _Adding:
         return self.send(message)
 
 
-class _Completing:
+class _Completing(_Adding):
     """``send`` for a custom denial response (``on_denied``): adds the rate-limit headers
     and ``Retry-After`` that the response does not set itself (its own win, so never two
     of one), and ``Cache-Control: no-store`` to a 429 that says nothing about caching."""
 
-    __slots__ = ("headers", "send")
-
-    def __init__(self, send: Send, headers: list[Header]) -> None:
-        self.send = send
-        self.headers = headers
+    __slots__ = ()
 
     def __call__(self, message: Message) -> Awaitable[None]:
         if message["type"] in _RESPONSE_STARTS:
