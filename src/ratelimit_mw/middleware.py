@@ -28,6 +28,7 @@ from mypy_extensions import mypyc_attr
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .decision import Decision, Lease, Verdict
+from .errors import ConfigError
 from .events import DecisionEvent, DecisionHook, Source, call_hook, log_denial
 from .failure import Gate, StorageGuard
 from .headers import HeaderFormat, retry_after_value
@@ -208,6 +209,7 @@ class RateLimitMiddleware:
         self._lease = settings.concurrency_lease
         self._usage = settings.quota_history
         self._plans: dict[tuple[str, RouteSpec], Plan] = {}
+        self._late: set[tuple[str, str]] = set()  # (tier, route) found bad after start-up
         self._blocked: dict[tuple[str, Plan], _Blocked] = {}
         # The cache of blocked keys spares the shared storage a round trip; memory
         # storage answers just as fast, so it is not used there.
@@ -230,7 +232,20 @@ class RateLimitMiddleware:
                 self._plans.clear()
             plan = self._plans[(tier.name, route)] = make_plan(
                 tier, route, self._format, self._lease)
+            self._check_late(plan)
         return plan
+
+    def _check_late(self, plan: Plan) -> None:
+        """The start-up check, for a route the app gained after start-up (its plan is
+        made at its first request): logged once per tier and route, as there is no
+        start-up left to fail (its requests are refused as never admissible)."""
+        try:
+            check_plan(plan, plan.route.label)
+        except ConfigError as exc:
+            seen = (plan.tier.name, plan.route.label)
+            if seen not in self._late:
+                self._late.add(seen)
+                _log.error("ratelimit_mw: %s", exc)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -867,8 +882,6 @@ def _key_function(key: str | KeyFunc | None, settings: RateLimitSettings,
         return APIKey(settings.api_key_header, fallback=ip)
     if name == "user":
         return AuthenticatedUser(fallback=ip)
-    from .errors import ConfigError
-
     msg = f"unknown key {name!r}; expected 'ip', 'api_key', 'user' or a callable"
     raise ConfigError(msg)
 

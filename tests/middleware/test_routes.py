@@ -96,6 +96,24 @@ def test_cost_larger_than_capacity_fails_at_startup(memory: MemoryStorage) -> No
         RateLimitMiddleware(router, tiers=[Tier("t", "3/minute")], storage=memory)
 
 
+async def test_a_route_added_after_start_up_is_checked_at_its_first_request(
+    clock: FakeClock, memory: MemoryStorage, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A route the app gains after start-up escapes the start-up check: its first
+    request logs the same error, once, and its requests are refused as never
+    admissible (not a 500)."""
+    app = Starlette(routes=[Route("/", ok)])
+    app.add_middleware(RateLimitMiddleware, tiers=[Tier("t", "3/minute")], storage=memory,
+                       clock=clock)
+    async with client_for(app) as client:
+        assert (await client.get("/")).status_code == 200
+        app.router.routes.append(Route("/export", export))
+        denied = [await client.get("/export") for _ in range(2)]
+    assert [response.status_code for response in denied] == [429, 429]
+    assert denied[0].json()["retry_after_seconds"] is None
+    assert caplog.text.count("route /export costs 5 but limit") == 1
+
+
 def test_rule_cost_larger_than_capacity_fails_at_startup(memory: MemoryStorage) -> None:
     """The same check covers configured route rules."""
     with pytest.raises(ConfigError, match="could never pass"):
