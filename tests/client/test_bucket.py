@@ -58,11 +58,12 @@ async def test_impossible_requests_raise(clock: FakeClock, n: float) -> None:
         bucket.acquire_sync(n)
 
 
-@pytest.mark.parametrize(("rate", "capacity"), [(0, 1), (-1, 1), (1, 0), (float("inf"), 1)])
-def test_bad_settings_are_rejected(rate: float, capacity: float) -> None:
+@pytest.mark.parametrize(("rate", "capacity"), [
+    (0, 1), (-1, 1), (1, 0), (float("inf"), 1), (True, 1), ("1", 1), (1, "5"), (1, True)])
+def test_bad_settings_are_rejected(rate: object, capacity: object) -> None:
     """A bucket that could never serve anyone is refused."""
     with pytest.raises(ValueError, match="must be"):
-        TokenBucket(rate=rate, capacity=capacity)
+        TokenBucket(rate=rate, capacity=capacity)  # type: ignore[arg-type]
 
 
 async def test_fifo_large_waiter_is_not_overtaken(clock: FakeClock) -> None:

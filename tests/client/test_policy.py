@@ -29,10 +29,25 @@ def test_defaults_follow_the_issue() -> None:
         ("backoff_base", -0.1),
         ("backoff_cap", math.inf),
         ("backoff_cap", math.nan),
+        ("max_retries", 2.5),
+        ("max_retries", math.inf),
+        ("max_retries", "3"),
+        ("max_retries", True),
+        ("max_time", "60"),
+        ("backoff_base", True),
+        # A lone string would be iterated character by character; strings are no statuses.
+        ("retry_statuses", "503"),
+        ("retry_statuses", {"429", "503"}),
+        ("retry_statuses", {-5, 999}),
+        ("retry_statuses", {True}),
+        ("retry_methods", "GET"),
+        ("retry_methods", {"GET", 1}),
+        ("hints", [1]),
     ],
 )
-def test_bad_values_are_rejected(field: str, value: float) -> None:
-    """Nonsense settings fail at construction with the field's name."""
+def test_bad_values_are_rejected(field: str, value: object) -> None:
+    """Nonsense settings fail at construction with the field's name (a wrong type too:
+    it would otherwise turn retrying off without a word, or fail at the first retry)."""
     with pytest.raises(ValueError, match=field):
         RetryPolicy(**{field: value})  # type: ignore[arg-type]
 

@@ -171,6 +171,49 @@ async def test_budget_counts_time_spent_in_attempts(clock: FakeClock) -> None:
     assert clock.sleeps == [10.0]
 
 
+@pytest.mark.parametrize("sync", [False, True])
+async def test_the_limiters_wait_counts_against_the_budget(clock: FakeClock, sync: bool) -> None:
+    """Before a retry the limiter is waited for too: a retry whose hint plus the
+    limiter's queue would end past max_time is not started (the 503 comes back)."""
+    recorder = Recorder(answer(503, retry_after="0"), answer(200))
+    # One token per 4 s, the first one taken by the first attempt: the retry would wait 4 s.
+    limiter = TokenBucket(rate=0.25, capacity=1, clock=clock, sleep=clock.auto_sleep,
+                          sleep_sync=clock.sleep)
+    policy = RetryPolicy(max_time=1.0)
+    transport = retrying(recorder, clock, policy=policy, limiter=limiter)
+    if sync:
+        with httpx.Client(transport=transport) as client:
+            response = client.get(URL)
+    else:
+        async with httpx.AsyncClient(transport=transport) as client:
+            response = await client.get(URL)
+    assert response.status_code == 503
+    assert recorder.calls == 1
+    assert clock.now <= 1000.0 + 1.0  # no wait was started
+    roomy = retrying(Recorder(answer(503, retry_after="0"), answer(200)), clock,
+                     policy=RetryPolicy(max_time=10.0), limiter=limiter)
+    async with httpx.AsyncClient(transport=roomy) as client:
+        assert (await client.get(URL)).status_code == 200
+
+
+@pytest.mark.parametrize("hint", ["9999999999", "Fri, 31 Dec 9999 23:59:59 GMT"])
+def test_a_hint_of_centuries_gives_up_without_a_budget(clock: FakeClock, hint: str) -> None:
+    """Without max_time, a server asking for more than a day is not waited for (nor can
+    it make the sync transport's sleep overflow): its response comes back."""
+    recorder = Recorder(answer(429, retry_after=hint), answer(200))
+    transport = retrying(recorder, clock, policy=RetryPolicy(max_time=None))
+    with httpx.Client(transport=transport) as client:
+        assert client.get(URL).status_code == 429
+    assert recorder.calls == 1
+    assert clock.sleeps == []
+
+
+def test_a_limiter_that_cannot_hold_a_token_is_refused() -> None:
+    """Each attempt takes one token: a bucket of capacity 0.5 could never send one."""
+    with pytest.raises(ValueError, match="capacity must be at least 1"):
+        RetryTransport(limiter=TokenBucket(rate=1, capacity=0.5))
+
+
 async def test_raise_on_give_up(clock: FakeClock) -> None:
     """With raise_on_give_up, giving up raises RetriesExhausted with the closed response."""
     recorder = Recorder(answer(429, retry_after="120"))

@@ -83,10 +83,11 @@ class TokenBucket:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         sleep_sync: Callable[[float], None] = time.sleep,
     ) -> None:
-        if not (0 < rate < math.inf):
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate < math.inf:
             msg = f"rate must be a finite number of tokens per second > 0, got {rate!r}"
             raise ValueError(msg)
-        if not (0 < capacity < math.inf):
+        if (isinstance(capacity, bool) or not isinstance(capacity, int | float)
+                or not 0 < capacity < math.inf):
             msg = f"capacity must be a finite number > 0, got {capacity!r}"
             raise ValueError(msg)
         self.rate = float(rate)
@@ -161,6 +162,18 @@ class TokenBucket:
         finally:
             if not granted:
                 self._leave(waiter)
+
+    def delay(self, n: float = 1, *, after: float = 0.0) -> float:
+        """Seconds beyond ``after`` that a caller arriving ``after`` seconds from now would
+        wait for ``n`` tokens, behind the callers queued now and any pause, if no one
+        else came (an estimate, for fitting a wait into a time budget)."""
+        with self._lock:
+            now = self._clock()
+            self._refill(now)
+            wanted = sum(waiter.n for waiter in self._waiters) + n - self._tokens
+            start = max(now, self._paused_until)
+            ready = start + max(0.0, wanted) / self.rate
+            return max(0.0, ready - (now + after))
 
     def update(self, remaining: int | None, reset_after: float | None = None) -> None:
         """Follow the server (if ``adaptive``): at most ``remaining`` tokens, none until reset.

@@ -34,7 +34,8 @@ class RetryPolicy:
     max_retries: int = 3
     """Retries after the first attempt; 0 disables retrying."""
     max_time: float | None = 60.0
-    """Total seconds from the first attempt; a wait that would end later is not started."""
+    """Total seconds from the first attempt; a wait that would end later (the limiter's
+    queue included) is not started."""
     backoff_base: float = 0.5
     """Upper bound of the first jittered wait, doubled on each retry."""
     backoff_cap: float = 30.0
@@ -51,22 +52,38 @@ class RetryPolicy:
     """Parsers of server wait hints, tried in order; the first answer wins."""
 
     def __post_init__(self) -> None:
-        """Check the numbers once, at construction."""
-        if self.max_retries < 0:
-            msg = f"max_retries must be >= 0, got {self.max_retries}"
+        """Check every field once, at construction (a wrong type would otherwise turn
+        retrying off without a word, or fail at the first retry)."""
+        if not _is_int(self.max_retries) or self.max_retries < 0:
+            msg = f"max_retries must be an integer >= 0, got {self.max_retries!r}"
             raise ValueError(msg)
-        if self.max_time is not None and not (self.max_time >= 0 and math.isfinite(self.max_time)):
+        if self.max_time is not None and not (
+                _is_number(self.max_time) and 0 <= self.max_time < math.inf):
             msg = f"max_time must be a finite number >= 0 or None, got {self.max_time!r}"
             raise ValueError(msg)
         for name in ("backoff_base", "backoff_cap"):
             value = getattr(self, name)
-            if not (value >= 0 and math.isfinite(value)):
+            if not (_is_number(value) and 0 <= value < math.inf):
                 msg = f"{name} must be a finite number >= 0, got {value!r}"
                 raise ValueError(msg)
-        # Accept any iterable of strings or ints, stored normalised.
-        object.__setattr__(self, "retry_statuses", frozenset(self.retry_statuses))
-        object.__setattr__(self, "retry_methods", frozenset(m.upper() for m in self.retry_methods))
-        object.__setattr__(self, "hints", tuple(self.hints))
+        statuses = _collection("retry_statuses", self.retry_statuses, "{429, 503}")
+        for status in statuses:
+            if not _is_int(status) or not 100 <= status <= 599:
+                msg = f"retry_statuses must hold HTTP status codes (ints), got {status!r}"
+                raise ValueError(msg)
+        methods = _collection("retry_methods", self.retry_methods, "{'GET', 'PUT'}")
+        for method in methods:
+            if not isinstance(method, str) or not method.strip():
+                msg = f"retry_methods must hold HTTP method names, got {method!r}"
+                raise ValueError(msg)
+        hints = _collection("hints", self.hints, "DEFAULT_HINTS")
+        for hint in hints:
+            if not callable(hint):
+                msg = f"hints must hold parsers (callables of a response), got {hint!r}"
+                raise ValueError(msg)
+        object.__setattr__(self, "retry_statuses", frozenset(statuses))
+        object.__setattr__(self, "retry_methods", frozenset(m.strip().upper() for m in methods))
+        object.__setattr__(self, "hints", tuple(hints))
 
     def replace(self, overrides: Mapping[str, Any]) -> RetryPolicy:
         """Return a copy with some fields changed; unknown names raise ``TypeError``."""
@@ -91,3 +108,20 @@ class RetryPolicy:
             f"got {type(override).__name__}"
         )
         raise TypeError(msg)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _collection(name: str, value: object, example: str) -> list[Any]:
+    """The items of a collection setting; a lone string (or a non-iterable) is refused,
+    as iterating ``"503"`` would give ``{"5", "0", "3"}``."""
+    if isinstance(value, str | bytes) or not hasattr(value, "__iter__"):
+        msg = f"{name} must be a collection such as {example}, got {value!r}"
+        raise ValueError(msg)
+    return list(value)

@@ -32,6 +32,10 @@ RETRY_ERRORS: tuple[type[httpx.TransportError], ...] = (
 )
 """Connection and timeout errors worth another attempt (for a replayable request)."""
 
+LONGEST_WAIT = 86_400.0
+"""The longest wait ever started, a day, even without ``max_time``: a server that asks
+for more is answered by giving up (reason ``max_time``), returning its response."""
+
 
 class CircuitOpenTransportError(httpx.TransportError, CircuitOpenError):
     """The transport's circuit breaker refused the attempt: no request was sent.
@@ -63,7 +67,8 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
     retries 408, 429, 500, 502, 503, 504 and connection or timeout errors,
     waits what the server asks (``Retry-After``, then quota reset headers) or
     else a jittered exponential backoff, and stops at ``max_retries`` or as
-    soon as the next wait would overrun ``max_time``. Only methods safe to
+    soon as the next wait (the ``limiter``'s included) would overrun ``max_time``
+    (a wait of over a day is never started). Only methods safe to
     replay are retried; POST and PATCH need an ``Idempotency-Key`` header.
 
     Settings come from ``policy`` and can be overridden per request with
@@ -107,6 +112,10 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
     ) -> None:
         self.policy = policy if policy is not None else RetryPolicy()
         self.retry_budget = retry_budget
+        if limiter is not None and limiter.capacity < 1:
+            msg = (f"the limiter's capacity must be at least 1 (each attempt takes a token), "
+                   f"got {limiter.capacity:g}")
+            raise ValueError(msg)
         self.limiter = limiter
         self.breaker = breaker
         self._given = transport
@@ -400,9 +409,15 @@ class _Attempts:
             return "max_retries"
         if budget is not None and not budget.can_retry():
             return "retry_budget"
-        elapsed = self._transport._clock() - self._start
-        if policy.max_time is not None and elapsed + wait > policy.max_time:
+        if wait > LONGEST_WAIT:
             return "max_time"
+        if policy.max_time is not None:
+            # The limiter's queue is waited for too before the retry is sent: counted in.
+            limiter = self._transport.limiter
+            queued = limiter.delay(1, after=wait) if limiter is not None else 0.0
+            elapsed = self._transport._clock() - self._start
+            if elapsed + wait + queued > policy.max_time:
+                return "max_time"
         return None
 
     def _give_up(self, reason: GiveUpReason, outcome: str, wait: float) -> None:
