@@ -6,8 +6,9 @@ and decided in one storage call; a 429 answers a denial, and rate-limit headers 
 on every limited response.
 
 A tier's ``concurrency`` takes a slot in that same call; the slot is given back just
-before the last body chunk goes out (a streaming body holds it to its end), or when
-the app call ends otherwise (a client disconnect stops the response, the app raises).
+before the last body chunk goes out (a streaming body holds it to its end, within its
+lease), or when the app call ends otherwise (a client disconnect stops the response,
+the app raises).
 
 Downstream handlers find the middleware in ``scope["state"]["ratelimit"]``; its
 ``identify(scope)`` names the caller a request counts for (see ``ratelimit_mw.quota``).
@@ -264,33 +265,25 @@ class RateLimitMiddleware:
             return
         verdict = outcome.verdict
         leases = verdict.leases if verdict is not None else ()
-        if leases and self._local is None:
-            gives_back = self._gives_back
-            if gives_back is None or outcome.source == "fallback":
-                await self._holding_slots(scope, receive, send, outcome.headers, leases,
-                                          outcome.source)
-                return
-            # Pipelined Redis gives slots back without awaiting: a plain send wrapper
-            # does it, with no coroutine of its own. Not a finally (see _holding_slots).
-            freeing = _Freeing(send, outcome.headers, leases, gives_back)
-            try:
-                await self.app(scope, receive, freeing)
-            except BaseException as exc:
-                freeing.free()
-                raise exc
-            freeing.free()
-            return
-        if outcome.headers:
-            send = _Adding(send, outcome.headers)
         if not leases:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive,
+                           _Adding(send, outcome.headers) if outcome.headers else send)
             return
-        # Memory storage gives slots back without awaiting, as soon as the app returns
-        # (normally right after its last send, before any other request is decided).
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self._local.release_now(leases)  # type: ignore[union-attr]
+        # Memory storage and pipelined Redis give slots back without awaiting: a plain
+        # send wrapper does it, with no coroutine of its own.
+        storage: MemoryStorage | RedisStorage | None = (
+            self._local if self._local is not None else self._gives_back)
+        if storage is None or outcome.source == "fallback":
+            await self._holding_slots(scope, receive, send, outcome.headers, leases,
+                                      outcome.source)
+            return
+        freeing = _Freeing(send, outcome.headers, leases, storage)
+        try:  # not a finally (see _holding_slots)
+            await self.app(scope, receive, freeing)
+        except BaseException as exc:
+            freeing.free()
+            raise exc
+        freeing.free()
 
     async def _not_http(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Websockets (limited only when asked to), lifespan, anything else: passed on."""
@@ -806,9 +799,10 @@ class _Completing(_Adding):
 
 
 class _Freeing:
-    """``send`` for a request holding concurrency slots on pipelined Redis: appends
-    ``headers`` to the response start, and gives the slots back just before the last
-    body chunk (``free``: at once, without waiting for Redis; then never again).
+    """``send`` for a request holding concurrency slots on memory storage or pipelined
+    Redis: appends ``headers`` to the response start, and gives the slots back just
+    before the last body chunk (``free``: at once, without waiting for Redis; then never
+    again), so a background task that runs after the response does not hold them.
 
     A plain callable returning ``send``'s own awaitable, like ``_Adding``.
     """
@@ -816,7 +810,7 @@ class _Freeing:
     __slots__ = ("headers", "held", "leases", "send", "storage")
 
     def __init__(self, send: Send, headers: list[Header], leases: tuple[Lease, ...],
-                 storage: RedisStorage) -> None:
+                 storage: MemoryStorage | RedisStorage) -> None:
         self.send = send
         self.headers = headers
         self.leases = leases
@@ -839,10 +833,14 @@ class _Freeing:
             return
         self.held = False
         leases = self.leases
+        storage = self.storage
         try:
+            if isinstance(storage, MemoryStorage):
+                storage.release_now(leases)
+                return
             # Not awaited: waiting for Redis's answer cost a second wake-up of the
             # request's whole await chain, a fifth of its CPU time under load.
-            self.storage.give_back(leases).add_done_callback(partial(_gave_back, len(leases)))
+            storage.give_back(leases).add_done_callback(partial(_gave_back, len(leases)))
         except Exception as exc:
             _could_not_give_back(len(leases), exc)
 
@@ -890,7 +888,7 @@ def _storage_from(settings: RateLimitSettings, clock: Callable[[], float]) -> St
     url = settings.storage_url
     retention = settings.usage_retention
     if url.lower().startswith("memory://"):
-        return MemoryStorage(clock=clock, usage_retention=retention)
+        return storage_from_url(url, clock=clock, usage_retention=retention)
     storage = storage_from_url(url, prefix=settings.storage_prefix,
                                timeout=settings.storage_timeout, usage_retention=retention)
     if isinstance(storage, RedisStorage):

@@ -226,6 +226,15 @@ class RateLimitSettings(BaseSettings):
         parse_header_style(value)
         return value
 
+    @field_validator("storage_url")
+    @classmethod
+    def _storage_url(cls, value: str) -> str:
+        if value.lower().startswith("memory:"):
+            from .storage import storage_from_url  # memory:// options, checked now
+
+            storage_from_url(value)
+        return value
+
     @field_validator("forwarded_header")
     @classmethod
     def _forwarded(cls, value: str) -> str:

@@ -56,6 +56,24 @@ def test_repr_shows_live_state() -> None:
     assert repr(MemoryStorage(max_keys=7)) == "MemoryStorage(keys=0, max_keys=7)"
 
 
+async def test_hourly_history_kept_longer_than_the_daily_one_survives() -> None:
+    """With more hours kept than days (48 hours, 1 day), a caller's hourly buckets stay
+    for their own retention: the caller is not forgotten when its daily one ends (as
+    Redis keeps each bucket for its own)."""
+    from ratelimit_mw import UsageRetention
+
+    midnight = 1_800_000_000 - 1_800_000_000 % 86400
+    clock = FakeClock(midnight + 10 * 3600.0)
+    storage = MemoryStorage(clock=clock, usage_retention=UsageRetention(hours=48, days=1))
+    await storage.decide("alice", [], usage=True)
+    clock.now += 26 * 3600  # the next day, 12:00: alice's daily retention is over
+    for i in range(40):  # newcomers make the storage reclaim expired identities
+        await storage.decide(f"newcomer-{i}", [], usage=True)
+    hour = midnight + 10 * 3600
+    assert await storage.usage("alice", "hour", hour - 3600, hour + 3600) == [
+        (hour - 3600, 0), (hour, 1), (hour + 3600, 0)]
+
+
 async def test_usage_history_stays_within_its_retention() -> None:
     """A key counted for weeks keeps no more hourly and daily buckets than the retention
     (memory stays bounded), and still reports the newest ones exactly."""

@@ -540,6 +540,39 @@ async def test_redis_give_back_is_written_before_the_end_of_the_response(
         await storage.close()
 
 
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+async def test_a_background_task_after_the_response_holds_no_slot(
+    redis_url: str, redis_prefix: str, kind: str,
+) -> None:
+    """The slot goes back just before the last body chunk: work the app does after its
+    response (a Starlette background task) does not keep the next request out."""
+    storage: Storage = (MemoryStorage() if kind == "memory"
+                        else RedisStorage.from_url(redis_url, prefix=redis_prefix, timeout=1.0))
+    seen_during_task: list[int] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"done"})
+        seen_during_task.append(await in_flight(storage, 1))  # the background task
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Any) -> None:
+        pass
+
+    middleware = RateLimitMiddleware(app, tiers=[Tier("t", "1000/minute", concurrency=1)],
+                                     storage=storage)
+    scope = {"type": "http", "method": "GET", "path": "/", "headers": [],
+             "query_string": b"", "client": CLIENT}
+    try:
+        await middleware(scope, receive, send)
+        assert seen_during_task == [0]
+        assert await in_flight(storage, 1) == 0
+    finally:
+        await storage.close()
+
+
 @pytest.mark.parametrize("ending", ["raises", "cancelled", "no body"])
 async def test_redis_slot_comes_back_however_the_app_call_ends(
     redis_url: str, redis_prefix: str, ending: str, monkeypatch: pytest.MonkeyPatch,

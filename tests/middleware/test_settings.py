@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from starlette.responses import PlainTextResponse
 
 from ratelimit_mw import ConfigError, MemoryStorage, RateLimitMiddleware
 from ratelimit_mw.settings import RateLimitSettings
@@ -120,6 +121,8 @@ def test_toml_table(tmp_path: Path) -> None:
     ("api_key_header", "bad header", "api_key_header must be an HTTP header name"),
     ("routes", [{"path": "/x", "methods": ["G E T"]}], "'G E T' is not an HTTP method"),
     ("routes", [{"path": "/x", "methods": [""]}], "'' is not an HTTP method"),
+    ("storage_url", "memory://?bogus=1", "unknown or repeated option 'bogus'"),
+    ("storage_url", "memory://somehost", "takes no host or path"),
 ])
 def test_bad_settings_fail_when_loaded(field: str, value: object, message: str) -> None:
     """Bad styles, modes, rates, algorithms and tier names fail at load, clearly."""
@@ -137,6 +140,12 @@ def test_bad_environment_values_fail_naming_them(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("RATELIMIT_TIER_HEADER", "")
     settings = RateLimitSettings()
     assert (settings.forwarded_header, settings.tier_header) == ("forwarded", None)
+
+
+def test_the_middleware_takes_max_keys_from_a_memory_url() -> None:
+    middleware = RateLimitMiddleware(PlainTextResponse("ok"), storage_url="memory://?max_keys=3")
+    assert isinstance(middleware.storage, MemoryStorage)
+    assert middleware.storage.max_keys == 3
 
 
 def test_a_misspelt_variable_is_warned_of(

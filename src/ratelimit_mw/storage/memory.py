@@ -191,8 +191,10 @@ class MemoryStorage(Storage):
         days[day] = days.get(day, 0) + 1
         _forget_before(hours, hour - self.retention.hours, self.retention.hours)
         _forget_before(days, day - self.retention.days, self.retention.days)
-        # Usage outlives the counters: keep the identity as long as its history.
-        kept = (day + self.retention.days) * _DAY_US
+        # Usage outlives the counters: keep the identity as long as its history (the
+        # hourly buckets' retention may be the longer one).
+        kept = max((day + self.retention.days) * _DAY_US,
+                   (hour + self.retention.hours) * _HOUR_US)
         if kept > entry.expires:
             entry.expires = kept
 
