@@ -333,6 +333,30 @@ async def test_unsafe_method_connection_error_without_key_is_raised(clock: FakeC
     assert recorder.calls == 1
 
 
+@pytest.mark.parametrize("error", [
+    httpx.ConnectError("refused"), httpx.ConnectTimeout("slow"), httpx.PoolTimeout("busy")])
+async def test_a_post_that_was_never_sent_is_tried_again(
+    clock: FakeClock, error: httpx.TransportError,
+) -> None:
+    """A connection that could not be made sent nothing: trying again replays nothing,
+    so a POST without a key is retried after it (with the same body)."""
+    recorder = Recorder(error, answer(201))
+    async with httpx.AsyncClient(transport=retrying(recorder, clock)) as client:
+        response = await client.post(URL, json={"a": 1})
+    assert response.status_code == 201
+    assert recorder.calls == 2
+    assert recorder.bodies == [b'{"a":1}', b'{"a":1}']
+
+
+def test_a_post_whose_body_cannot_be_sent_again_is_not_retried(clock: FakeClock) -> None:
+    """...unless its body is a stream that was already consumed."""
+    recorder = Recorder(httpx.ConnectError("refused"), answer(201))
+    with httpx.Client(transport=retrying(recorder, clock)) as client, \
+            pytest.raises(httpx.ConnectError):
+        client.post(URL, content=iter([b"chunk"]))
+    assert recorder.calls == 1
+
+
 @pytest.mark.parametrize("method", ["POST", "PATCH"])
 async def test_unsafe_methods_with_key_are_retried_with_the_same_key(
     clock: FakeClock, method: str

@@ -21,7 +21,7 @@ from ._hints import read_quota
 from ._policy import RetryPolicy
 from ._testing import is_testing
 
-__all__ = ["RETRY_ERRORS", "CircuitOpenTransportError", "RetryTransport"]
+__all__ = ["RETRY_ERRORS", "UNSENT_ERRORS", "CircuitOpenTransportError", "RetryTransport"]
 
 logger = logging.getLogger("ratelimit_mw.client")
 
@@ -31,6 +31,14 @@ RETRY_ERRORS: tuple[type[httpx.TransportError], ...] = (
     httpx.RemoteProtocolError,
 )
 """Connection and timeout errors worth another attempt (for a replayable request)."""
+
+UNSENT_ERRORS: tuple[type[httpx.TransportError], ...] = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+)
+"""Errors raised before any byte of the request left: trying again replays nothing, so
+any method is retried after them (if its body can be sent again)."""
 
 LONGEST_WAIT = 86_400.0
 """The longest wait ever started, a day, even without ``max_time``: a server that asks
@@ -69,7 +77,8 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
     else a jittered exponential backoff, and stops at ``max_retries`` or as
     soon as the next wait (the ``limiter``'s included) would overrun ``max_time``
     (a wait of over a day is never started). Only methods safe to
-    replay are retried; POST and PATCH need an ``Idempotency-Key`` header.
+    replay are retried; POST and PATCH need an ``Idempotency-Key`` header, but for
+    ``UNSENT_ERRORS`` (nothing was sent: nothing would be replayed).
 
     Settings come from ``policy`` and can be overridden per request with
     ``extensions={"retry": {...}}``. ``retry_budget`` and ``limiter`` are
@@ -244,7 +253,8 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
 class _Attempts:
     """One request's retry bookkeeping, shared by the sync and async loops."""
 
-    __slots__ = ("_reason", "_start", "_transport", "attempt", "policy", "replayable", "request")
+    __slots__ = ("_reason", "_start", "_transport", "attempt", "policy", "replayable", "request",
+                 "resendable")
 
     def __init__(self, transport: RetryTransport, request: httpx.Request) -> None:
         self._transport = transport
@@ -252,6 +262,7 @@ class _Attempts:
         self.policy = transport.policy.for_request(request)
         self.attempt = 0
         self.replayable = True
+        self.resendable = True
         self._reason: GiveUpReason = "max_retries"
         self._start = transport._clock()
         method = request.method.upper()
@@ -307,9 +318,9 @@ class _Attempts:
     def check_replayable(self) -> None:
         """Decide once, before the first attempt, whether this request may be sent again."""
         method = self.request.method.upper()
-        self.replayable = (
-            method in self.policy.retry_methods or "idempotency-key" in self.request.headers
-        ) and isinstance(self.request.stream, httpx.ByteStream)
+        self.resendable = isinstance(self.request.stream, httpx.ByteStream)
+        self.replayable = self.resendable and (
+            method in self.policy.retry_methods or "idempotency-key" in self.request.headers)
 
     def after_response(self, response: httpx.Response) -> float | None:
         """Return the wait before the next attempt, or None to hand ``response`` back."""
@@ -331,7 +342,8 @@ class _Attempts:
 
     def after_error(self, error: httpx.TransportError) -> float | None:
         """Return the wait before the next attempt, or None to re-raise ``error``."""
-        return self._next_wait(None, f"{type(error).__name__}: {error}")
+        unsent = isinstance(error, UNSENT_ERRORS)
+        return self._next_wait(None, f"{type(error).__name__}: {error}", unsent=unsent)
 
     def should_raise(self, response: httpx.Response) -> bool:
         """Whether to raise instead of returning this last, retryable response."""
@@ -362,7 +374,8 @@ class _Attempts:
                 return wait
         return None
 
-    def _next_wait(self, hint: float | None, outcome: str) -> float | None:
+    def _next_wait(self, hint: float | None, outcome: str, *, unsent: bool = False,
+                   ) -> float | None:
         """Count a failed attempt and schedule the next one, or return None to stop."""
         transport, policy = self._transport, self.policy
         if transport.retry_budget is not None:
@@ -378,7 +391,7 @@ class _Attempts:
             )
         if is_testing():
             wait = 0.0
-        reason = self._stop_reason(wait)
+        reason = self._stop_reason(wait, unsent)
         if reason is not None:
             self._give_up(reason, outcome, wait)
             return None
@@ -400,10 +413,11 @@ class _Attempts:
         )
         return wait
 
-    def _stop_reason(self, wait: float) -> GiveUpReason | None:
-        """Return why no retry may follow after waiting ``wait`` seconds, or None."""
+    def _stop_reason(self, wait: float, unsent: bool = False) -> GiveUpReason | None:
+        """Return why no retry may follow after waiting ``wait`` seconds, or None
+        (``unsent``: the attempt failed before sending anything)."""
         policy, budget = self.policy, self._transport.retry_budget
-        if not self.replayable:
+        if not (self.replayable or (unsent and self.resendable)):
             return "not_replayable"
         if self.attempt >= policy.max_retries:
             return "max_retries"
