@@ -658,7 +658,12 @@ async def test_repr_shows_live_state(make: Callable[..., CircuitBreaker], clock:
         ({"failure_rate_threshold": "50"}, ValueError, "got '50'"),
         ({"slow_call_rate_threshold": -1}, ValueError, "slow_call_rate_threshold .* got -1"),
         ({"slow_call_duration": 0}, ValueError, "slow_call_duration .* got 0"),
-        ({"window_size": 0}, ValueError, "window_size must be an integer >= 1, got 0"),
+        ({"window_size": 0}, ValueError, "window_size must be an integer from 1 to 1,000,000, "
+                                         "got 0"),
+        ({"window_size": 10**20}, ValueError, "window_size must be an integer from 1 to"),
+        ({"cooldown": 10**400}, ValueError,
+         r"cooldown \(seconds\) must be a finite number .*\.\.\."),
+        ({"probe_timeout": 10**400}, ValueError, "probe_timeout .* must be a finite number"),
         ({"window_size": 2.5}, ValueError, "window_size .* got 2.5"),
         ({"window_size": True}, ValueError, "window_size .* got True"),
         ({"window_type": "sliding"}, ValueError, "window_type .* got 'sliding'"),

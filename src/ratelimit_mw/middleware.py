@@ -554,7 +554,10 @@ class RateLimitMiddleware:
                 log_denial(key, plan.tier.name, plan.route.label, Verdict(False, tuple(
                     d for d in verdict.decisions if not d.allowed)), shadow=True, source=source)
         if self._on_decision is not None:
-            shadow = verdict is not None and not verdict.allowed and not refused
+            # A shadow denial: a limit denied (global shadow mode, or a shadow limit of
+            # its own) and the request goes through.
+            shadow = (not refused and seen is not None
+                      and not all(d.allowed for d in seen.decisions))
             call_hook(self._on_decision, DecisionEvent(
                 key, plan.tier.name, plan.route.label, source, seen, refused, shadow))
         return _Outcome(key, plan, verdict, source, refused, headers, now, blocked)
@@ -609,10 +612,14 @@ class RateLimitMiddleware:
                             "reason": "rate limit exceeded"})
             return
         verdict = outcome.verdict if outcome is not None else None
+        if outcome is not None and outcome.headers:
+            send = _Adding(send, outcome.headers)  # on the accept (or the app's own denial)
         if verdict is None or not verdict.leases:
             await self.app(scope, receive, send)
             return
-        try:  # a websocket holds its slot for as long as it is connected (no finally: above)
+        # A websocket holds its slot while it is connected, within the slot's lease
+        # (no finally: see _holding_slots).
+        try:
             await self.app(scope, receive, send)
         except BaseException as exc:
             await self._give_back(verdict.leases, outcome.source)  # type: ignore[union-attr]
@@ -758,7 +765,8 @@ class _Complaints:
                    exc_info=last is None)
 
 
-_RESPONSE_STARTS = frozenset(("http.response.start", "websocket.http.response.start"))
+_RESPONSE_STARTS = frozenset(("http.response.start", "websocket.http.response.start",
+                              "websocket.accept"))
 
 
 class _Adding:
@@ -862,6 +870,12 @@ def _check_objects(*, settings: object, storage: object, breaker: object,
         if value is not None and not callable(value):
             msg = f"{name} must be a callable, got {value!r}"
             raise TypeError(msg)
+    on_decision = callables.get("on_decision")
+    if on_decision is not None and is_async_callable(on_decision):
+        # It would never be awaited: no metrics, and a warning per request.
+        msg = (f"on_decision must be a plain (not async) function, got {on_decision!r}: it "
+               f"runs on every decision; hand slow work to a queue or a task of your own")
+        raise TypeError(msg)
 
 
 def _key_function(key: str | KeyFunc | None, settings: RateLimitSettings,

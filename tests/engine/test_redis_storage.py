@@ -21,8 +21,10 @@ from ratelimit_mw import (
     RedisStorage,
     storage_from_url,
 )
+from ratelimit_mw.errors import StorageError
 from ratelimit_mw.rates import MAX_PERIOD
 from ratelimit_mw.storage import pipe
+from ratelimit_mw.storage.cluster import cluster_storage_from_url
 from ratelimit_mw.storage.keys import encode_part, redis_key
 from tests.conftest import FakeClock
 from tests.engine.test_storage import limit_for
@@ -194,6 +196,42 @@ async def test_the_longest_limits_deny_promptly_and_exactly(
     assert abs(denied.retry_after - expected) < 2
     name = redis_key(storage.prefix, "long", "", limit.uid)
     assert 0 < await raw.pttl(name) <= 2 * MAX_PERIOD * 1000 + 1000
+
+
+async def test_a_storage_without_the_pipeline_keeps_to_its_timeout() -> None:
+    """The path Cluster takes (no pipelined connection) is bounded by the storage's own
+    timeout too, not only by a timeout the caller passes: against a frozen Redis, a
+    decision, a release and a usage read each fail within it, as StorageError."""
+    import os
+    import signal
+
+    server = RedisServer()
+    server.start()
+    client = aioredis.Redis.from_url(server.url)
+    storage = RedisStorage(client, pipeline=False, timeout=0.3)
+    limit = Limit.concurrency(5, lease=30)
+    try:
+        verdict = await storage.decide("k", [Hit(limit)])  # connected, script loaded
+        assert server.proc is not None
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            for call in (lambda: storage.decide("k", [Hit(limit)]),
+                         lambda: storage.release(verdict.leases),
+                         lambda: storage.usage("k", "hour", 0, 3600)):
+                started = time.monotonic()
+                with pytest.raises(StorageError):
+                    await call()
+                assert time.monotonic() - started < 1.5
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+    finally:
+        await client.aclose()
+        server.stop()
+
+
+def test_a_cluster_storage_takes_its_timeout() -> None:
+    storage = cluster_storage_from_url("redis+cluster://127.0.0.1:7999", timeout=0.5)
+    assert (storage.timeout, storage.pipeline) == (0.5, False)
 
 
 async def test_decides_on_the_redis_clock(

@@ -394,6 +394,8 @@ async def test_websocket_holds_its_slot_while_connected(
     assert accepted[0]["type"] == "websocket.accept"
     assert after[0]["type"] == "websocket.accept"
     assert await in_flight(memory, 1) == 0
+    # An accepted connection is a limited response too: the accept carries the headers.
+    assert (b"x-ratelimit-limit", b"100") in accepted[0]["headers"]
 
 
 async def test_websocket_denial_response_where_the_server_offers_it(

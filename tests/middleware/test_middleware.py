@@ -401,6 +401,30 @@ async def test_decision_hook_sees_every_decision(clock: FakeClock, memory: Memor
     assert events[0].key == "ip:203.0.113.7"
 
 
+async def test_the_decision_hook_sees_a_shadow_limits_denial_as_shadow(
+    clock: FakeClock, memory: MemoryStorage,
+) -> None:
+    """A request a shadow limit denies and lets through is a shadow denial for the hook,
+    as for the log line (global shadow mode or not)."""
+    events: list[DecisionEvent] = []
+    tier = Tier("t", [Limit.parse("100/minute", name="loose"),
+                      Limit.parse("1/minute", name="tight")], shadow=frozenset({"tight"}))
+    app = make_app(tiers=[tier], storage=memory, clock=clock, on_decision=events.append)
+    async with client_for(app) as client:
+        codes = [(await client.get("/")).status_code for _ in range(2)]
+    assert codes == [200, 200]
+    assert [(e.refused, e.shadow) for e in events] == [(False, False), (False, True)]
+
+
+def test_an_async_decision_hook_is_refused_at_start_up(memory: MemoryStorage) -> None:
+    """It would never be awaited (no metrics, a warning per request): refused, named."""
+    async def hook(event: DecisionEvent) -> None:
+        pass
+
+    with pytest.raises(TypeError, match=r"on_decision must be a plain \(not async\) function"):
+        RateLimitMiddleware(PlainTextResponse("ok"), storage=memory, on_decision=hook)
+
+
 async def test_broken_decision_hook_is_logged_not_raised(
     clock: FakeClock, memory: MemoryStorage, caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -19,20 +19,30 @@ def _check_number(name: str, value: object, *, low: float, high: float = math.in
         isinstance(value, bool)
         or not isinstance(value, int | float)
         or not low < value <= high
+        or value >= _HUGE  # also an int too large for a float
         or math.isinf(value)
     ):
         bounds = f"between {low:g} (excluded) and {high:g}" if high < math.inf else f"> {low:g}"
-        msg = f"{name} must be a finite number {bounds}, got {value!r}"
+        msg = f"{name} must be a finite number {bounds}, got {_shown(value)}"
         raise ValueError(msg)
     return float(value)
 
 
 def _check_count(name: str, value: object) -> int:
     """``value`` as an int >= 1, or a ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        msg = f"{name} must be an integer >= 1, got {value!r}"
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _MOST_CALLS:
+        msg = f"{name} must be an integer from 1 to {_MOST_CALLS:,}, got {_shown(value)}"
         raise ValueError(msg)
     return value
+
+
+_HUGE = 1e300
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+_MOST_CALLS = 1_000_000  # a count window keeps one entry per call
 
 
 def _check_callable(name: str, value: object) -> None:

@@ -55,7 +55,7 @@ def cluster_storage_from_url(
     """
     client = cluster_client_from_url(url, timeout=timeout, **options)
     return RedisStorage(client, prefix=prefix, clock=clock, owns_client=True,
-                        usage_retention=usage_retention)
+                        usage_retention=usage_retention, timeout=timeout)
 
 
 def cluster_client_from_url(

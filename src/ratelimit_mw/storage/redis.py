@@ -197,7 +197,7 @@ class RedisStorage(Storage):
                     limit = hit.limit
                     args += (limit.algorithm, limit.amount, limit.period_us, limit.capacity,
                              hit.cost)
-                async with asyncio.timeout(timeout):
+                async with asyncio.timeout(self._bound(timeout)):
                     reply = await self._script(keys=keys, args=args)
         except _FAILURES as exc:
             msg = f"redis could not decide for {len(hits)} limit(s): {exc}"
@@ -213,6 +213,12 @@ class RedisStorage(Storage):
             msg = f"redis answered a decision with {str(reply)[:100]}, not a decision"
             raise StorageError(msg) from exc
         return verdict
+
+    def _bound(self, timeout: float | None) -> float | None:
+        """The time a call may take: the shorter of ``timeout`` and the storage's own."""
+        if self.timeout is None:
+            return timeout
+        return self.timeout if timeout is None else min(timeout, self.timeout)
 
     def _packed(self, hits: Sequence[Hit], usage: bool) -> PackedPlan:
         """What the decisions of ``hits`` share on the wire. A plan's merged hits (never
@@ -247,8 +253,7 @@ class RedisStorage(Storage):
         lease)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        wait = timeout if self.timeout is None else (
-            self.timeout if timeout is None else min(timeout, self.timeout))
+        wait = self._bound(timeout)
         if wait is None:  # the pipe reads without redis-py, so its socket timeout is ours
             wait = self._socket_timeout
         if kind == "release" and wait is not None:
@@ -282,9 +287,11 @@ class RedisStorage(Storage):
             if self.pipeline:
                 await self._queue_releases(leases)
             else:
-                for lease in leases:
-                    await self._client.zrem(
-                        redis_key(self.prefix, lease.key, lease.scope, lease.uid), lease.id)
+                async with asyncio.timeout(self._bound(None)):
+                    for lease in leases:
+                        await self._client.zrem(
+                            redis_key(self.prefix, lease.key, lease.scope, lease.uid),
+                            lease.id)
         except _FAILURES as exc:
             msg = f"redis could not release {len(leases)} slot(s): {exc}"
             raise StorageError(msg) from exc
@@ -303,13 +310,14 @@ class RedisStorage(Storage):
         self, key: str, granularity: Granularity, start: float, end: float,
     ) -> list[tuple[int, int]]:
         try:
-            seconds, micros = await self._client.time()
-            now = seconds + micros / 1_000_000 if self._clock is None else self._clock()
-            buckets = bucket_range(granularity, start, end, now, self.retention)
-            if not buckets:
-                return []
-            tag = f"{identity_tag(self.prefix, key)}u:{granularity[0]}:"
-            counts = await self._client.mget([f"{tag}{n}" for n in buckets])
+            async with asyncio.timeout(self._bound(None)):
+                seconds, micros = await self._client.time()
+                now = seconds + micros / 1_000_000 if self._clock is None else self._clock()
+                buckets = bucket_range(granularity, start, end, now, self.retention)
+                if not buckets:
+                    return []
+                tag = f"{identity_tag(self.prefix, key)}u:{granularity[0]}:"
+                counts = await self._client.mget([f"{tag}{n}" for n in buckets])
         except _FAILURES as exc:
             msg = f"redis could not read the usage of {key!r}: {exc}"
             raise StorageError(msg) from exc
