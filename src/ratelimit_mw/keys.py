@@ -278,14 +278,20 @@ def _address(text: str) -> object:
         return None
 
 
-_TCHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz")
+_TCHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
+                    "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def is_token(text: str) -> bool:
+    """True for an RFC 9110 token: what a header name or a method is made of."""
+    return bool(text) and set(text) <= _TCHARS
 
 
 def header_name(value: object, what: str) -> str:
     """``value`` as a lower-case HTTP header name (an RFC 9110 token), or a ConfigError
     naming ``what`` and the value (a name no request can carry would never match)."""
     name = value.strip().lower() if isinstance(value, str) else ""
-    if not name or not set(name) <= _TCHARS:
+    if not is_token(name):
         msg = (f"{what} must be an HTTP header name (letters, digits and !#$%&'*+-.^_`|~), "
                f"got {value!r}")
         raise ConfigError(msg)

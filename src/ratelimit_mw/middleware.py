@@ -206,6 +206,9 @@ class RateLimitMiddleware:
             isinstance(storage, RedisStorage) and storage.pipeline
             and storage.timeout is not None
             and type(storage).release is RedisStorage.release) else None
+        # The storage that gives slots back without being awaited, if any.
+        self._frees_at_once: MemoryStorage | RedisStorage | None = (
+            self._local if self._local is not None else self._gives_back)
         self._routes = RouteTable(app, [*settings.build_routes(), *rules], settings.exempt_paths)
         self._lease = settings.concurrency_lease
         self._usage = settings.quota_history
@@ -271,8 +274,7 @@ class RateLimitMiddleware:
             return
         # Memory storage and pipelined Redis give slots back without awaiting: a plain
         # send wrapper does it, with no coroutine of its own.
-        storage: MemoryStorage | RedisStorage | None = (
-            self._local if self._local is not None else self._gives_back)
+        storage = self._frees_at_once
         if storage is None or outcome.source == "fallback":
             await self._holding_slots(scope, receive, send, outcome.headers, leases,
                                       outcome.source)

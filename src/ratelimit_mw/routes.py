@@ -17,6 +17,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Scope
 
 from .errors import ConfigError
+from .keys import is_token
 from .policy import Hit, Limit, limits_from
 from .tiers import as_limits
 
@@ -137,7 +138,7 @@ class RouteRule:
         methods = [self.methods] if isinstance(self.methods, str) else self.methods
         names = frozenset(m.strip().upper() if isinstance(m, str) else m for m in methods)
         for name in names:
-            if not isinstance(name, str) or not name or not set(name) <= _METHOD_CHARS:
+            if not isinstance(name, str) or not is_token(name):
                 msg = f"route {self.path!r}: {name!r} is not an HTTP method (e.g. 'GET')"
                 raise ConfigError(msg)
         object.__setattr__(self, "methods", names)
@@ -156,9 +157,6 @@ class RouteRule:
         methods = self.methods
         return (not methods or method in methods or (method == "HEAD" and "GET" in methods)
                 ) and bool(self.pattern.fullmatch(path))
-
-
-_METHOD_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
 def compile_pattern(path: str) -> re.Pattern[str]:

@@ -48,12 +48,13 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .errors import ConfigError
-from .failure import FailureMode, check_mode
+from .failure import FailureMode, check_mode, positive_seconds
 from .headers import parse_header_style
 from .keys import TrustedProxies, check_forwarded_header, header_name
 from .policy import Limit
 from .responses import check_format
 from .routes import RouteRule
+from .storage import storage_from_url
 from .storage.base import UsageRetention
 from .tiers import Tier, TierTable
 
@@ -200,10 +201,7 @@ class RateLimitSettings(BaseSettings):
     @field_validator("storage_timeout", "recovery_interval")
     @classmethod
     def _seconds(cls, value: float, info: ValidationInfo) -> float:
-        if not 0 < value < math.inf:
-            msg = f"{info.field_name} must be a positive number of seconds, got {value!r}"
-            raise ConfigError(msg)
-        return value
+        return positive_seconds(str(info.field_name), value)
 
     @field_validator("blocked_cache_size")
     @classmethod
@@ -230,9 +228,7 @@ class RateLimitSettings(BaseSettings):
     @classmethod
     def _storage_url(cls, value: str) -> str:
         if value.lower().startswith("memory:"):
-            from .storage import storage_from_url  # memory:// options, checked now
-
-            storage_from_url(value)
+            storage_from_url(value)  # memory:// options, checked now
         return value
 
     @field_validator("forwarded_header")

@@ -19,8 +19,7 @@ def _check_number(name: str, value: object, *, low: float, high: float = math.in
         isinstance(value, bool)
         or not isinstance(value, int | float)
         or not low < value <= high
-        or value >= _HUGE  # also an int too large for a float
-        or math.isinf(value)
+        or value >= _HUGE  # infinity, and ints too large for a float
     ):
         bounds = f"between {low:g} (excluded) and {high:g}" if high < math.inf else f"> {low:g}"
         msg = f"{name} must be a finite number {bounds}, got {_shown(value)}"
