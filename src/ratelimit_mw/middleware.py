@@ -210,6 +210,9 @@ class RateLimitMiddleware:
         self._frees_at_once: MemoryStorage | RedisStorage | None = (
             self._local if self._local is not None else self._gives_back)
         self._routes = RouteTable(app, [*settings.build_routes(), *rules], settings.exempt_paths)
+        # The table's own cache, read here first: RouteTable is interpreted code, and a
+        # call into it costs more than the look-up.
+        self._route_cache: dict[tuple[str, str], RouteSpec] = self._routes.cache
         self._lease = settings.concurrency_lease
         self._usage = settings.quota_history
         self._plans: dict[tuple[str, RouteSpec], Plan] = {}
@@ -430,9 +433,14 @@ class RateLimitMiddleware:
         except Exception as exc:
             _could_not_give_back(len(leases), exc)
 
+    def _route(self, scope: Scope) -> RouteSpec:
+        """The spec of this request's route."""
+        spec = self._route_cache.get((scope["method"], scope["path"]))
+        return spec if spec is not None else self._routes.resolve(scope)
+
     def _decide_now(self, scope: Scope) -> _Outcome | None:
         """``_decide`` on memory storage with synchronous key and tier functions."""
-        route = self._routes.resolve(scope)
+        route = self._route(scope)
         if route.exempt:
             return None
         key = self._key_now(scope)
@@ -442,7 +450,7 @@ class RateLimitMiddleware:
 
     async def _decide(self, scope: Scope) -> _Outcome | None:
         """Key, tier, route, one storage call; None when the request is not limited."""
-        route = self._routes.resolve(scope)
+        route = self._route(scope)
         if route.exempt:
             return None
         key = await self._key_of(scope) if self._key_async else self._key_now(scope)

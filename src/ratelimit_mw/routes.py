@@ -274,7 +274,7 @@ def walk_routes(
 class RouteTable:
     """Resolves a request to its ``RouteSpec``: app routes, configured rules, exempt paths."""
 
-    __slots__ = ("_cache", "_router", "cache_size", "exempt_rules", "rules")
+    __slots__ = ("_router", "cache", "cache_size", "exempt_rules", "rules")
 
     def __init__(self, app: ASGIApp | None, rules: Sequence[RouteRule] = (),
                  exempt_paths: Iterable[str] = (), *, cache_size: int = 4096) -> None:
@@ -282,7 +282,8 @@ class RouteTable:
         self.exempt_rules = tuple(RouteRule(p, exempt=True) for p in exempt_paths)
         self.cache_size = cache_size
         self._router = find_router(app)
-        self._cache: dict[tuple[str, str], RouteSpec] = {}
+        self.cache: dict[tuple[str, str], RouteSpec] = {}
+        """(method, path) → spec, for the paths seen (the oldest dropped when full)."""
 
     def known_specs(self) -> Iterator[RouteSpec]:
         """The specs of every route the app declares and every rule (start-up checks)."""
@@ -298,10 +299,10 @@ class RouteTable:
     def resolve(self, scope: Scope) -> RouteSpec:
         """The spec of this request's route (cached per method and path)."""
         slot = (scope["method"], scope["path"])
-        spec = self._cache.get(slot)
+        spec = self.cache.get(slot)
         if spec is None:
             spec = self._resolve(scope, *slot)
-            cache = self._cache
+            cache = self.cache
             if len(cache) >= self.cache_size:
                 del cache[next(iter(cache))]
             cache[slot] = spec

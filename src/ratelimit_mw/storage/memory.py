@@ -35,11 +35,6 @@ _HOUR_US, _DAY_US = 3_600_000_000, 86_400_000_000
 _TIME = time.time  # the wall clock as imported (a clock patched in later is honoured)
 
 
-def _wall_us() -> int:
-    """The wall clock in whole microseconds."""
-    return time.time_ns() // 1000
-
-
 class _Entry:
     """All the counters of one identity, and when the last of them expires."""
 
@@ -68,7 +63,7 @@ class MemoryStorage(Storage):
     True
     """
 
-    __slots__ = ("_clock", "_keys", "_leases", "_now", "max_keys", "retention")
+    __slots__ = ("_clock", "_keys", "_leases", "max_keys", "retention")
 
     def __init__(
         self, *, max_keys: object = 100_000, clock: Callable[[], float] | None = None,
@@ -81,12 +76,16 @@ class MemoryStorage(Storage):
             raise ConfigError(msg)
         self.max_keys = max_keys
         self.retention = UsageRetention(*usage_retention).check()
-        self._clock = clock
-        self._now: Callable[[], int] = (
-            _wall_us if clock is None or clock is _TIME
-            else lambda: round(clock() * 1_000_000))
+        self._clock = None if clock is _TIME else clock
         self._keys: OrderedDict[str, _Entry] = OrderedDict()
         self._leases = itertools.count(1)
+
+    def _now(self) -> int:
+        """The clock in whole microseconds."""
+        clock = self._clock
+        if clock is None:
+            return time.time_ns() // 1000
+        return round(clock() * 1_000_000)
 
     def __repr__(self) -> str:
         return f"MemoryStorage(keys={len(self._keys)}, max_keys={self.max_keys})"
