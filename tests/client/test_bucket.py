@@ -289,3 +289,78 @@ def test_repr_shows_live_state(clock: FakeClock) -> None:
     bucket = TokenBucket(rate=2, capacity=10, clock=clock, sleep_sync=clock.sleep)
     bucket.acquire_sync(4)
     assert repr(bucket) == "TokenBucket(rate=2/s, capacity=10, tokens=6, waiting=0)"
+
+
+async def test_acquire_with_a_timeout_waits_only_when_it_fits(clock: FakeClock) -> None:
+    """With a timeout, a wait that fits is waited (True); one that would outlast it is
+    not started (False), and no token is taken."""
+    bucket = TokenBucket(rate=1.0, capacity=5, clock=clock, sleep=clock.auto_sleep,
+                         sleep_sync=clock.sleep)
+    await drain(bucket)
+    assert await bucket.acquire(2, timeout=1.5) is False
+    assert bucket.acquire_sync(2, timeout=1.5) is False
+    assert clock.sleeps == []
+    assert bucket.waiting == 0
+    assert await bucket.acquire(2, timeout=2.0) is True
+    assert clock.sleeps == [2.0]
+    assert bucket.acquire_sync(1, timeout=5) is True
+    assert bucket.acquire_sync(1) is True
+
+
+async def test_a_pause_beyond_the_timeout_gives_up_at_once(clock: FakeClock) -> None:
+    """An adaptive bucket paused for 30 s answers a 10 s timeout with False at once."""
+    bucket = TokenBucket(rate=1.0, capacity=5, adaptive=True, clock=clock,
+                         sleep=clock.auto_sleep)
+    bucket.update(0, 30.0)
+    assert await bucket.acquire(timeout=10.0) is False
+    assert clock.sleeps == []
+    assert await bucket.acquire(timeout=31.0) is True
+    assert clock.sleeps == [pytest.approx(31.0)]  # the pause, then a token's refill
+
+
+async def test_behind_others_a_timeout_counts_their_tokens(clock: FakeClock) -> None:
+    """A caller behind others gives up at once when their tokens and its own would not
+    be there in time; within it, it waits its turn; either way the others keep theirs."""
+    bucket = parked(clock)
+    await drain(bucket)
+    first = asyncio.create_task(bucket.acquire(3))
+    await settle()
+    assert await bucket.acquire(3, timeout=5.0) is False  # 3 + 3 tokens: 6 s
+    assert bucket.waiting == 1
+    second = asyncio.create_task(bucket.acquire(2, timeout=5.0))  # 3 + 2: 5 s, fits
+    await settle()
+    await clock.advance(3)
+    assert first.done()
+    await clock.advance(2)
+    assert await second is True
+    assert bucket.waiting == 0
+
+
+async def test_a_pause_that_begins_while_waiting_gives_up_by_the_deadline(
+        clock: FakeClock) -> None:
+    """A server's pause that starts while the caller waits is looked at again: past the
+    deadline, the caller leaves the queue instead of waiting on."""
+    bucket = TokenBucket(rate=1.0, capacity=5, adaptive=True, clock=clock,
+                         sleep=clock.parked_sleep)
+    await drain(bucket)
+    waiting = asyncio.create_task(bucket.acquire(1, timeout=3.0))
+    await settle()
+    bucket.update(0, 60.0)
+    await clock.advance(1)
+    assert await waiting is False
+    assert bucket.waiting == 0
+
+
+def test_acquire_sync_behind_a_thread_with_a_timeout() -> None:
+    """Threads: a caller behind another waits for its turn within its timeout."""
+    bucket = TokenBucket(rate=20.0, capacity=1)
+    bucket.acquire_sync()
+    results: list[bool] = []
+    ahead = threading.Thread(target=lambda: results.append(bucket.acquire_sync(1)))
+    ahead.start()
+    while bucket.waiting == 0 and ahead.is_alive():
+        pass
+    assert bucket.acquire_sync(1, timeout=0.001) is False
+    assert bucket.acquire_sync(1, timeout=2.0) is True
+    ahead.join()
+    assert results == [True]

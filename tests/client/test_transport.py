@@ -11,6 +11,7 @@ import pytest
 
 from ratelimit_mw.client import (
     DEFAULT_HINTS,
+    LimiterTimeout,
     RetriesExhausted,
     RetryBudget,
     RetryPolicy,
@@ -599,7 +600,7 @@ async def test_adaptive_limiter_pauses_on_429_hint(clock: FakeClock) -> None:
 async def test_testing_mode_makes_waits_instant(clock: FakeClock) -> None:
     """set_testing(True) skips every wait but still retries."""
     set_testing(True)
-    recorder = Recorder(answer(429, retry_after="120"), answer(503), answer(200))
+    recorder = Recorder(answer(429, retry_after="30"), answer(503), answer(200))
     bucket = TokenBucket(rate=0.001, capacity=1, clock=clock, sleep=clock.auto_sleep)
     policy = RetryPolicy(max_time=60.0)
     transport = retrying(recorder, clock, policy=policy, limiter=bucket)
@@ -607,6 +608,24 @@ async def test_testing_mode_makes_waits_instant(clock: FakeClock) -> None:
         assert (await client.get(URL)).status_code == 200
     assert recorder.calls == 3
     assert clock.sleeps == []
+
+
+@pytest.mark.parametrize("testing", [False, True])
+async def test_testing_mode_decides_as_without_it(clock: FakeClock, testing: bool) -> None:
+    """Testing mode skips the sleeping, not the decisions: a wait that would not fit
+    max_time is given up on either way, and skipped waits count against it as waited."""
+    set_testing(testing)
+    policy = RetryPolicy(max_time=60.0, max_retries=5)
+    recorder = Recorder(answer(429, retry_after="120"), answer(200))
+    async with httpx.AsyncClient(transport=retrying(recorder, clock, policy=policy)) as client:
+        assert (await client.get(URL)).status_code == 429
+    assert recorder.calls == 1
+    # Two waits of 25 s fit in 60 s; a third does not, slept or skipped.
+    recorder = Recorder(*[answer(429, retry_after="25")] * 4)
+    async with httpx.AsyncClient(transport=retrying(recorder, clock, policy=policy)) as client:
+        assert (await client.get(URL)).status_code == 429
+    assert recorder.calls == 3
+    assert clock.sleeps == ([] if testing else [25.0, 25.0])
 
 
 def test_testing_mode_sync(clock: FakeClock) -> None:
@@ -674,3 +693,135 @@ async def test_broken_custom_hint_parser_is_logged_and_skipped(
     assert clock.sleeps == [6.0]
     assert "hint parser" in caplog.text
     assert all(r.is_closed for r in recorder.sent[:-1])
+
+
+@pytest.mark.parametrize("sync", [False, True])
+async def test_the_limiter_is_waited_for_within_the_budget_only(
+        clock: FakeClock, sync: bool) -> None:
+    """Callers that queue in the limiter while a retry sleeps cannot push it past
+    max_time: the retry gives up when its turn would come too late and hands back the
+    last response, read and whole."""
+    limiter = TokenBucket(rate=1, capacity=1, clock=clock, sleep=clock.auto_sleep,
+                          sleep_sync=clock.sleep)
+    policy = RetryPolicy(max_time=3.0)
+    queued: list[bool] = []
+
+    def others_queue(seconds: float) -> None:
+        # Five tokens spoken for while the retry sleeps: its turn is 5 s away.
+        clock.sleep(seconds)
+        limiter._tokens = 0.0
+        limiter._waiters.extend(_waiter(1) for _ in range(5))
+        queued.append(True)
+
+    async def others_queue_async(seconds: float) -> None:
+        others_queue(seconds)
+
+    recorder = Recorder(answer(503, retry_after="1"), answer(200))
+    transport = retrying(recorder, clock, policy=policy, limiter=limiter, sleep=others_queue,
+                         async_sleep=others_queue_async)
+    if sync:
+        with httpx.Client(transport=transport) as client:
+            response = client.get(URL)
+    else:
+        async with httpx.AsyncClient(transport=transport) as client:
+            response = await client.get(URL)
+    assert queued == [True]
+    assert response.status_code == 503
+    assert response.content == b"body"
+    assert recorder.calls == 1
+    assert clock.now - 1000.0 <= 3.0
+    assert limiter.waiting == 5  # it left the queue
+
+
+def _waiter(n: float) -> object:
+    from ratelimit_mw.client._bucket import _Waiter
+
+    return _Waiter(n, lambda: None)
+
+
+@pytest.mark.parametrize("sync", [False, True])
+async def test_a_first_attempt_the_limiter_cannot_serve_in_time_is_not_sent(
+        clock: FakeClock, sync: bool) -> None:
+    """Before the first attempt too, the limiter is waited for only within max_time:
+    beyond it, LimiterTimeout (a TimeoutException) comes at once, and nothing is sent."""
+    limiter = TokenBucket(rate=0.1, capacity=1, clock=clock, sleep=clock.auto_sleep,
+                          sleep_sync=clock.sleep)
+    recorder = Recorder(answer(200))
+    transport = retrying(recorder, clock, policy=RetryPolicy(max_time=5.0), limiter=limiter)
+    with httpx.Client(transport=transport) as client:
+        assert client.get(URL).status_code == 200  # the token there
+    with pytest.raises(LimiterTimeout, match=r"not sent: the limiter had no token within max_time"):
+        if sync:
+            with httpx.Client(transport=transport) as client:
+                client.get(URL)
+        else:
+            async with httpx.AsyncClient(transport=transport) as client:
+                await client.get(URL)
+    assert issubclass(LimiterTimeout, httpx.TimeoutException)
+    assert recorder.calls == 1
+    assert clock.sleeps == []  # a 10 s wait in a 5 s budget is not started
+    roomy = retrying(recorder, clock, policy=RetryPolicy(max_time=20.0), limiter=limiter)
+    async with httpx.AsyncClient(transport=roomy) as client:
+        assert (await client.get(URL)).status_code == 200
+    assert clock.sleeps == [pytest.approx(10.0)]
+
+
+@pytest.mark.parametrize("reset", ["retry-after", "ratelimit-reset"])
+async def test_a_reset_centuries_away_does_not_freeze_the_limiter(
+        clock: FakeClock, reset: str) -> None:
+    """A Retry-After of centuries (given up on) or an epoch sent as a draft-6 duration
+    does not pause an adaptive limiter for years: the next request goes at once."""
+    limiter = TokenBucket(rate=10, capacity=10, adaptive=True, clock=clock,
+                          sleep=clock.auto_sleep)
+    headers = ({"retry_after": "9999999999"} if reset == "retry-after"
+               else {"ratelimit_remaining": "0", "ratelimit_reset": str(int(WALL_NOW) + 60)})
+    recorder = Recorder(answer(429 if reset == "retry-after" else 200, **headers), answer(200))
+    transport = retrying(recorder, clock, policy=RetryPolicy(max_time=2.0), limiter=limiter)
+    async with httpx.AsyncClient(transport=transport) as client:
+        await client.get(URL)
+        assert (await client.get(URL)).status_code == 200
+    assert recorder.calls == 2
+    assert clock.now - 1000.0 < 1.0
+
+
+async def test_retry_after_wins_over_the_quota_reset_in_an_adaptive_limiter(
+        clock: FakeClock) -> None:
+    """A 429 saying Retry-After: 1 and RateLimit t=30 is retried after 1 s, with an
+    adaptive limiter as without one."""
+    limiter = TokenBucket(rate=10, capacity=10, adaptive=True, clock=clock,
+                          sleep=clock.auto_sleep)
+    recorder = Recorder(answer(429, retry_after="1", ratelimit='"burst";r=0;t=30'),
+                        answer(200))
+    transport = retrying(recorder, clock, policy=RetryPolicy(max_time=10.0), limiter=limiter)
+    async with httpx.AsyncClient(transport=transport) as client:
+        assert (await client.get(URL)).status_code == 200
+    assert recorder.calls == 2
+    assert sum(clock.sleeps) == pytest.approx(1.1)  # the hint, then 0.1 s for a token
+
+
+async def test_a_body_that_fails_to_read_is_raised_if_the_limiter_gives_up(
+        clock: FakeClock) -> None:
+    """The last response is read before its wait so that it can be handed back; if
+    reading it fails, that error is what a limiter that gives up raises."""
+
+    class Broken(httpx.AsyncByteStream):
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            raise httpx.ReadError("connection reset")
+            yield b""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, headers={"retry-after": "1"}, stream=Broken())
+
+    limiter = TokenBucket(rate=1, capacity=1, clock=clock, sleep=clock.auto_sleep)
+
+    async def others_queue(seconds: float) -> None:
+        clock.sleep(seconds)
+        limiter._waiters.extend(_waiter(1) for _ in range(5))
+
+    transport = RetryTransport(httpx.MockTransport(handler), policy=RetryPolicy(max_time=5.0),
+                               limiter=limiter, clock=clock, async_sleep=others_queue)
+    async with httpx.AsyncClient(transport=transport) as client:
+        with pytest.raises(httpx.ReadError, match="connection reset"):
+            await client.get(URL)
+    assert clock.sleeps == [1.0]
+    assert limiter.waiting == 5

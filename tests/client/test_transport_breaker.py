@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from ratelimit_mw.breaker import CircuitBreaker, CircuitOpenError, CircuitState
-from ratelimit_mw.client import CircuitOpenTransportError, RetryPolicy
+from ratelimit_mw.client import CircuitOpenTransportError, RetryPolicy, TokenBucket
 
 from .conftest import FakeClock, Recorder, retrying
 
@@ -140,3 +140,38 @@ async def test_half_open_with_every_slot_taken_refuses(clock: FakeClock) -> None
     probe.release()
     assert caught.value.state is CircuitState.HALF_OPEN
     assert recorder.calls == 0
+
+
+async def test_time_queued_in_the_limiter_is_not_a_slow_call(clock: FakeClock) -> None:
+    """The breaker is asked just before sending: instant answers from a server reached
+    through a slow limiter are not slow calls, and the breaker stays closed."""
+    breaker = breaker_on(clock, window_size=4, minimum_calls=4, slow_call_duration=0.5)
+    limiter = TokenBucket(rate=1, capacity=1, clock=clock, sleep=clock.auto_sleep)
+    recorder = Recorder(httpx.Response(200))
+    transport = retrying(recorder, clock, policy=NO_RETRY, breaker=breaker, limiter=limiter)
+    async with httpx.AsyncClient(transport=transport) as client:
+        for _ in range(5):
+            assert (await client.get(URL)).status_code == 200
+    assert clock.sleeps == [pytest.approx(1.0)] * 4  # each waited a second for a token
+    assert breaker.state is CircuitState.CLOSED
+    assert recorder.calls == 5
+
+
+async def test_an_open_breaker_refuses_before_the_limiter_is_waited_for(
+        clock: FakeClock) -> None:
+    """While the breaker is open, a request fails at once: it neither queues in the
+    limiter nor takes a token."""
+    breaker = breaker_on(clock)
+    limiter = TokenBucket(rate=0.01, capacity=1, clock=clock, sleep=clock.auto_sleep)
+    recorder = Recorder(httpx.Response(503))
+    transport = retrying(recorder, clock, policy=NO_RETRY, breaker=breaker)
+    async with httpx.AsyncClient(transport=transport) as client:
+        for _ in range(2):
+            await client.get(URL)
+    assert breaker.state is CircuitState.OPEN
+    transport = retrying(recorder, clock, policy=NO_RETRY, breaker=breaker, limiter=limiter)
+    async with httpx.AsyncClient(transport=transport) as client:
+        with pytest.raises(CircuitOpenTransportError):
+            await client.get(URL)
+    assert limiter.tokens == 1
+    assert clock.sleeps == []

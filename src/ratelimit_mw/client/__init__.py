@@ -33,7 +33,7 @@ from ._hints import (
 from ._policy import RETRY_METHODS, RETRY_STATUSES, RetryPolicy
 from ._retry_after import parse_retry_after
 from ._testing import is_testing, set_testing
-from ._transport import RETRY_ERRORS, CircuitOpenTransportError, RetryTransport
+from ._transport import RETRY_ERRORS, CircuitOpenTransportError, LimiterTimeout, RetryTransport
 
 __all__ = [
     "DEFAULT_HINTS",
@@ -43,6 +43,7 @@ __all__ = [
     "CircuitOpenTransportError",
     "GiveUpReason",
     "HintParser",
+    "LimiterTimeout",
     "Quota",
     "RetriesExhausted",
     "RetryBudget",

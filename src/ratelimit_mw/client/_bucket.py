@@ -11,7 +11,11 @@ from collections.abc import Awaitable, Callable
 
 from ._testing import is_testing
 
-__all__ = ["TokenBucket"]
+__all__ = ["LONGEST_PAUSE", "TokenBucket"]
+
+LONGEST_PAUSE = 86_400.0
+"""A day: the longest an adaptive bucket pauses for a server's reset, and the longest
+wait `RetryTransport` starts."""
 
 # Float refills land a hair below whole numbers; do not sleep a nanosecond for that.
 _EPSILON = 1e-9
@@ -55,6 +59,7 @@ class TokenBucket:
     ...     await bucket.acquire()  # waits its turn once the burst is spent
     ...     return await client.get(url)
     >>> asyncio.run(bucket.acquire(3))
+    True
     >>> round(bucket.tokens)
     7
     """
@@ -122,46 +127,60 @@ class TokenBucket:
         """Number of callers queued."""
         return len(self._waiters)
 
-    async def acquire(self, n: float = 1) -> None:
-        """Wait until ``n`` tokens are available and take them, in arrival order."""
+    async def acquire(self, n: float = 1, *, timeout: float | None = None) -> bool:
+        """Wait until ``n`` tokens are available and take them, in arrival order: True.
+
+        With ``timeout`` (seconds), give up as soon as the tokens could not be had
+        within it (a pause or the callers ahead would outlast it): False, and the
+        queue is left without taking any.
+        """
         self._check(n)
         if is_testing():
-            return
+            return True
         loop = asyncio.get_running_loop()
         turn: asyncio.Future[None] = loop.create_future()
         waiter = _Waiter(n, lambda: loop.call_soon_threadsafe(_resolve, turn))
+        deadline = None if timeout is None else self._clock() + max(0.0, timeout)
         granted = False
         self._enqueue(waiter)
         try:
-            while (wait := self._try_take(waiter)) > 0:
+            while (wait := self._try_take(waiter, deadline)) > 0:
                 if wait == math.inf:
                     await turn
-                else:
+                elif self._waiters[0] is waiter:
                     await self._sleep(wait)
-            granted = True
+                else:  # behind others: woken when first, or looked at again by the deadline
+                    await asyncio.wait([turn], timeout=wait)
+            granted = wait == 0
         finally:
             if not granted:
                 self._leave(waiter)
+        return granted
 
-    def acquire_sync(self, n: float = 1) -> None:
-        """Block the calling thread until ``n`` tokens are available and take them."""
+    def acquire_sync(self, n: float = 1, *, timeout: float | None = None) -> bool:
+        """Block the calling thread until ``n`` tokens are available and take them
+        (``timeout``: as for `acquire`)."""
         self._check(n)
         if is_testing():
-            return
+            return True
         turn = threading.Event()
         waiter = _Waiter(n, turn.set)
+        deadline = None if timeout is None else self._clock() + max(0.0, timeout)
         granted = False
         self._enqueue(waiter)
         try:
-            while (wait := self._try_take(waiter)) > 0:
+            while (wait := self._try_take(waiter, deadline)) > 0:
                 if wait == math.inf:
                     turn.wait()
-                else:
+                elif self._waiters[0] is waiter:
                     self._sleep_sync(wait)
-            granted = True
+                else:
+                    turn.wait(wait)
+            granted = wait == 0
         finally:
             if not granted:
                 self._leave(waiter)
+        return granted
 
     def delay(self, n: float = 1, *, after: float = 0.0) -> float:
         """Seconds beyond ``after`` that a caller arriving ``after`` seconds from now would
@@ -180,7 +199,9 @@ class TokenBucket:
 
         ``remaining`` is the server's count of requests left, ``reset_after``
         the seconds until its quota restores; a pause only starts when
-        ``remaining`` is 0. A non-adaptive bucket ignores this.
+        ``remaining`` is 0 and the reset at most `LONGEST_PAUSE` away (one further off
+        is a misread header, such as an epoch sent as a duration, or a hostile one: it
+        would stop every caller for years). A non-adaptive bucket ignores this.
         """
         if not self.adaptive:
             return
@@ -189,7 +210,7 @@ class TokenBucket:
             self._refill(now)
             if remaining is not None:
                 self._tokens = min(self._tokens, float(remaining))
-                if remaining == 0 and reset_after is not None:
+                if remaining == 0 and reset_after is not None and reset_after <= LONGEST_PAUSE:
                     self._paused_until = max(self._paused_until, now + reset_after)
                     self._last = max(self._last, now)
 
@@ -207,24 +228,35 @@ class TokenBucket:
         with self._lock:
             self._waiters.append(waiter)
 
-    def _try_take(self, waiter: _Waiter) -> float:
-        """Take the tokens if ``waiter`` is first and they are there (0), else how long to wait.
-
-        ``math.inf`` means "until woken": someone else is ahead.
+    def _try_take(self, waiter: _Waiter, deadline: float | None = None) -> float:
+        """Take the tokens if ``waiter`` is first and they are there (0), else how long
+        to wait: for the first, until its tokens are there; for the others, until woken
+        (``math.inf``), or with a ``deadline``, at most until it. Negative: the tokens
+        could not be had by the deadline.
         """
         with self._lock:
-            if self._waiters[0] is not waiter:
-                return math.inf
             now = self._clock()
             self._refill(now)
             pause = max(0.0, self._paused_until - now)
-            missing = waiter.n - self._tokens
-            if pause > 0 or missing > _EPSILON:
-                return pause + max(0.0, missing) / self.rate
-            self._tokens = max(0.0, self._tokens - waiter.n)
-            self._waiters.popleft()
-            self._wake_head()
-            return 0.0
+            if self._waiters[0] is waiter:
+                missing = waiter.n - self._tokens
+                if pause <= 0 and missing <= _EPSILON:
+                    self._tokens = max(0.0, self._tokens - waiter.n)
+                    self._waiters.popleft()
+                    self._wake_head()
+                    return 0.0
+                wait = pause + max(0.0, missing) / self.rate
+                return -1.0 if deadline is not None and now + wait > deadline else wait
+            if deadline is None:
+                return math.inf
+            wanted = -self._tokens
+            for queued in self._waiters:
+                wanted += queued.n
+                if queued is waiter:
+                    break
+            if now + pause + max(0.0, wanted) / self.rate > deadline:
+                return -1.0
+            return deadline - now
 
     def _leave(self, waiter: _Waiter) -> None:
         """Drop a waiter that gave up; if it was first, let the next one try."""

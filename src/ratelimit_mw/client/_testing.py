@@ -12,7 +12,8 @@ def set_testing(enabled: bool) -> None:
 
     Retries still happen and still count against ``max_retries``; only the
     sleeping is skipped, so a test suite that talks to a flaky fake server
-    stays fast.
+    stays fast. Every decision stays the one made without it: a skipped wait counts
+    against ``max_time`` as if it had been waited.
     """
     global _testing
     _testing = enabled

@@ -14,14 +14,15 @@ import httpx
 
 from ..breaker import CircuitBreaker, CircuitOpenError, CircuitState, Permit
 from ._backoff import full_jitter
-from ._bucket import TokenBucket
+from ._bucket import LONGEST_PAUSE, TokenBucket
 from ._budget import RetryBudget
 from ._errors import GiveUpReason, RetriesExhausted
-from ._hints import read_quota
+from ._hints import read_quota, retry_after_hint
 from ._policy import RetryPolicy
 from ._testing import is_testing
 
-__all__ = ["RETRY_ERRORS", "UNSENT_ERRORS", "CircuitOpenTransportError", "RetryTransport"]
+__all__ = ["RETRY_ERRORS", "UNSENT_ERRORS", "CircuitOpenTransportError", "LimiterTimeout",
+           "RetryTransport"]
 
 logger = logging.getLogger("ratelimit_mw.client")
 
@@ -40,9 +41,14 @@ UNSENT_ERRORS: tuple[type[httpx.TransportError], ...] = (
 """Errors raised before any byte of the request left: trying again replays nothing, so
 any method is retried after them (if its body can be sent again)."""
 
-LONGEST_WAIT = 86_400.0
+LONGEST_WAIT = LONGEST_PAUSE
 """The longest wait ever started, a day, even without ``max_time``: a server that asks
 for more is answered by giving up (reason ``max_time``), returning its response."""
+
+
+class LimiterTimeout(httpx.TimeoutException):
+    """The transport's limiter had no token for the first attempt within ``max_time``:
+    nothing was sent. (For a retry, the last response is handed back instead.)"""
 
 
 class CircuitOpenTransportError(httpx.TransportError, CircuitOpenError):
@@ -98,8 +104,12 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
     One request with other settings:
     ``client.post(url, json=order, extensions={"retry": {"add_idempotency_key": True}})``.
 
-    With a ``breaker``, every attempt asks it first: while it refuses, the
-    request fails fast with `CircuitOpenTransportError` and nothing is sent.
+    With a ``limiter``, every attempt waits for a token first; with ``max_time`` too,
+    for no longer than the budget left (else the last response is handed back, or
+    before the first attempt `LimiterTimeout` is raised). With a ``breaker``, every
+    attempt asks it just before sending (so time queued in the limiter is not taken
+    for a slow call): while it refuses, the request fails fast with
+    `CircuitOpenTransportError` and nothing is sent.
     5xx responses and ``RETRY_ERRORS`` count as failures, other responses as
     successes, other exceptions as the breaker's ``failure_exceptions`` say.
     A retry that the breaker would still refuse after the wait is not waited for.
@@ -150,13 +160,11 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
             request.read()
         state.check_replayable()
         while True:
+            state.check_open()
+            if self.limiter is not None and not self.limiter.acquire_sync(
+                    timeout=state.time_left()):
+                return state.out_of_time()
             permit = state.permit()
-            if self.limiter is not None:
-                try:
-                    self.limiter.acquire_sync()
-                except BaseException:
-                    state.release(permit)
-                    raise
             try:
                 response = inner.handle_request(request)
             except RETRY_ERRORS as exc:
@@ -164,6 +172,7 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
                 if (wait := state.after_error(exc)) is None:
                     raise
                 state.check_breaker(wait, exc)
+                state.last = exc
             except BaseException as exc:
                 state.record(permit, exc)
                 raise
@@ -174,9 +183,18 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
                         response.close()
                         raise state.exhausted(response) from None
                     return response
+                if state.keeps_last:
+                    try:
+                        response.read()
+                    except httpx.HTTPError as exc:
+                        state.last = exc
+                    else:
+                        state.last = response
                 response.close()
                 state.check_breaker(wait, None)
-            if not is_testing():
+            if is_testing():
+                state.skipped += wait
+            else:
                 self._sleep(wait)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -187,13 +205,11 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
             await request.aread()
         state.check_replayable()
         while True:
+            state.check_open()
+            if self.limiter is not None and not await self.limiter.acquire(
+                    timeout=state.time_left()):
+                return state.out_of_time()
             permit = state.permit()
-            if self.limiter is not None:
-                try:
-                    await self.limiter.acquire()
-                except BaseException:
-                    state.release(permit)
-                    raise
             try:
                 response = await inner.handle_async_request(request)
             except RETRY_ERRORS as exc:
@@ -201,6 +217,7 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
                 if (wait := state.after_error(exc)) is None:
                     raise
                 state.check_breaker(wait, exc)
+                state.last = exc
             except BaseException as exc:
                 state.record(permit, exc)
                 raise
@@ -211,9 +228,18 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
                         await response.aclose()
                         raise state.exhausted(response) from None
                     return response
+                if state.keeps_last:
+                    try:
+                        await response.aread()
+                    except httpx.HTTPError as exc:
+                        state.last = exc
+                    else:
+                        state.last = response
                 await response.aclose()
                 state.check_breaker(wait, None)
-            if not is_testing():
+            if is_testing():
+                state.skipped += wait
+            else:
                 await self._async_sleep(wait)
 
     def close(self) -> None:
@@ -253,8 +279,8 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
 class _Attempts:
     """One request's retry bookkeeping, shared by the sync and async loops."""
 
-    __slots__ = ("_reason", "_start", "_transport", "attempt", "policy", "replayable", "request",
-                 "resendable")
+    __slots__ = ("_reason", "_start", "_transport", "attempt", "keeps_last", "last", "policy",
+                 "replayable", "request", "resendable", "skipped")
 
     def __init__(self, transport: RetryTransport, request: httpx.Request) -> None:
         self._transport = transport
@@ -265,6 +291,13 @@ class _Attempts:
         self.resendable = True
         self._reason: GiveUpReason = "max_retries"
         self._start = transport._clock()
+        self.skipped = 0.0
+        """Seconds of waiting skipped in testing mode, counted as if waited."""
+        self.last: httpx.Response | httpx.HTTPError | None = None
+        """The last attempt's outcome, handed back if the limiter has no token in time."""
+        # Only with a limiter and a time budget can a retry fail after its wait: then the
+        # response is read before it is closed, so that it can still be handed back.
+        self.keeps_last = transport.limiter is not None and self.policy.max_time is not None
         method = request.method.upper()
         if (
             self.policy.add_idempotency_key
@@ -273,6 +306,39 @@ class _Attempts:
         ):
             # Set once, so every attempt carries the same key.
             request.headers["Idempotency-Key"] = str(uuid.uuid4())
+
+    def check_open(self) -> None:
+        """Fail fast while the breaker, if any, is open (before queueing in the limiter)."""
+        breaker = self._transport.breaker
+        if breaker is not None and breaker.remaining_cooldown > 0:
+            raise self._refused(breaker) from None
+
+    def time_left(self) -> float | None:
+        """Seconds left of ``max_time`` (None: no budget)."""
+        if self.policy.max_time is None:
+            return None
+        return self.policy.max_time - self._elapsed()
+
+    def _elapsed(self) -> float:
+        return self._transport._clock() - self._start + self.skipped
+
+    def out_of_time(self) -> httpx.Response:
+        """Give up because the limiter had no token within ``max_time``: hand back the
+        last response (or raise it as `RetriesExhausted`, or raise the last error);
+        before any attempt, raise `LimiterTimeout`."""
+        last = self.last
+        if last is None:
+            msg = (f"{self.request.method} {_loggable(self.request.url)} not sent: the limiter "
+                   f"had no token within max_time ({self.policy.max_time:g}s)")
+            raise LimiterTimeout(msg, request=self.request)
+        outcome = (f"status {last.status_code}" if isinstance(last, httpx.Response)
+                   else f"{type(last).__name__}: {last}")
+        self._give_up("max_time", outcome, None)
+        if isinstance(last, BaseException):
+            raise last
+        if self.should_raise(last):
+            raise self.exhausted(last)
+        return last
 
     def permit(self) -> Permit | None:
         """Ask the breaker, if any, for leave to send one attempt; raise if it refuses."""
@@ -328,9 +394,13 @@ class _Attempts:
         limiter = transport.limiter
         retryable = response.status_code in self.policy.retry_statuses
         if limiter is not None and limiter.adaptive:
-            quota = read_quota(response.headers, transport._wall_clock())
+            now = transport._wall_clock()
+            quota = read_quota(response.headers, now)
             if quota is not None:
-                limiter.update(quota.remaining, quota.reset_after)
+                # When Retry-After and the quota headers disagree, Retry-After wins.
+                retry_after = retry_after_hint(response.headers, now)
+                limiter.update(quota.remaining,
+                               quota.reset_after if retry_after is None else retry_after)
         if not retryable:
             if transport.retry_budget is not None:
                 transport.retry_budget.record_success()
@@ -389,8 +459,6 @@ class _Attempts:
                 cap=policy.backoff_cap,
                 random=transport._random,
             )
-        if is_testing():
-            wait = 0.0
         reason = self._stop_reason(wait, unsent)
         if reason is not None:
             self._give_up(reason, outcome, wait)
@@ -429,22 +497,23 @@ class _Attempts:
             # The limiter's queue is waited for too before the retry is sent: counted in.
             limiter = self._transport.limiter
             queued = limiter.delay(1, after=wait) if limiter is not None else 0.0
-            elapsed = self._transport._clock() - self._start
-            if elapsed + wait + queued > policy.max_time:
+            if self._elapsed() + wait + queued > policy.max_time:
                 return "max_time"
         return None
 
-    def _give_up(self, reason: GiveUpReason, outcome: str, wait: float) -> None:
-        """Remember and log why no retry follows."""
+    def _give_up(self, reason: GiveUpReason, outcome: str, wait: float | None) -> None:
+        """Remember and log why no retry follows (``wait`` None: the limiter had no
+        token in time)."""
         self._reason = reason
         if reason != "not_replayable":
             logger.warning(
-                "giving up on %s %s after %s: %s (next wait would be %.3fs)",
+                "giving up on %s %s after %s: %s (%s)",
                 self.request.method,
                 _loggable(self.request.url),
                 outcome,
                 reason,
-                wait,
+                "the limiter had no token in time" if wait is None
+                else f"next wait would be {wait:.3f}s",
             )
 
 
