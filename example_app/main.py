@@ -54,21 +54,24 @@ on_redis = settings.storage_url.lower().startswith(("redis://", "rediss://"))
 
 
 class APIKeyAuth:
-    """401 for an ``X-API-Key`` that is not one of ``keys`` (no key at all is anonymous).
+    """401 for an API key (in ``header``, as the rate limiter reads it) that is not one
+    of ``keys`` (no key at all is anonymous).
 
     It runs before the rate limiter, so made-up keys never get counters of their own.
     """
 
-    def __init__(self, app: ASGIApp, keys: dict[str, str], open_paths: tuple[str, ...]) -> None:
+    def __init__(self, app: ASGIApp, keys: dict[str, str], open_paths: tuple[str, ...],
+                 header: str = "x-api-key") -> None:
         self.app = app
         self.keys = keys
         self.open_paths = open_paths
+        self.header = header.lower().encode("latin-1")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in self.open_paths:
             await self.app(scope, receive, send)
             return
-        sent = [value for name, value in scope["headers"] if name == b"x-api-key"]
+        sent = [value for name, value in scope["headers"] if name == self.header]
         if sent and b",".join(sent).decode("latin-1").strip() not in self.keys:
             response = JSONResponse(
                 {"error": "unauthorized", "message": "Unknown API key."}, status_code=401,
@@ -176,4 +179,5 @@ app.add_middleware(IdempotencyMiddleware, store=idempotency_store,
 # ``settings`` parameter; the call is right.)
 app.add_middleware(RateLimitMiddleware, settings=settings,  # type: ignore[arg-type]
                    tier_resolver=TierByAPIKey(API_KEYS, header=settings.api_key_header))
-app.add_middleware(APIKeyAuth, keys=API_KEYS, open_paths=("/health",))
+app.add_middleware(APIKeyAuth, keys=API_KEYS, open_paths=("/health",),
+                   header=settings.api_key_header)

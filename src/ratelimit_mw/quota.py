@@ -104,25 +104,30 @@ def _when(value: str, name: str, *, end: bool) -> float:
     except ValueError:
         pass
     else:
-        if not math.isfinite(number) or not 0 <= number < 253402300800:
-            msg = f"{name}={value!r} is out of range"
-            raise _BadParameterError(msg)
-        return number
+        return _in_range(number, value, name)
     try:
         if len(text) == 10:
             day = date.fromisoformat(text)
             moment = datetime(day.year, day.month, day.day, tzinfo=UTC)
             if end:  # a date-only end means the whole of that day
                 moment += timedelta(days=1, microseconds=-1)
-            return moment.timestamp()
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        else:
+            moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError as exc:
         msg = (f"couldn't read {name}={value[:40]!r}; expected an ISO date (2024-01-31), "
                f"an ISO date-time (2024-01-31T10:00:00Z) or epoch seconds")
         raise _BadParameterError(msg) from exc
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
+    return _in_range(moment.timestamp(), value, name)
+
+
+def _in_range(epoch: float, value: str, name: str) -> float:
+    """``epoch``, if it lies from 1970 to the end of year 9999 (UTC)."""
+    if not math.isfinite(epoch) or not 0 <= epoch < 253402300800:
+        msg = f"{name}={value[:40]!r} is out of range (1970 to 9999, UTC)"
+        raise _BadParameterError(msg)
+    return epoch
 
 
 class QuotaEndpoints:
@@ -173,7 +178,9 @@ class QuotaEndpoints:
                           **{"Retry-After": "1"})
         report = _Report()
         for decision in peek.decisions if peek is not None else ():
-            if not decision.scope:  # a route's own limits are not part of the plan
+            # A route's own limits are not part of the plan; a shadow limit is only
+            # being tried out, and holds nobody back.
+            if not decision.scope and (decision.scope, decision.policy) not in plan.shadow:
                 report.add(decision)
         usage: dict[str, int | None] = {
             "requests_today": today if today is not None else report.counted.get("day"),

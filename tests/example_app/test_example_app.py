@@ -52,6 +52,18 @@ async def test_anonymous_tier_is_keyed_by_ip_and_unknown_keys_get_401(
     assert keyed.status_code == 200
 
 
+async def test_another_api_key_header_is_checked_too(start_server: StartServer) -> None:
+    """With RATELIMIT_API_KEY_HEADER set, the key is read from that header for the 401
+    check as for the tier: a made-up key there is refused, a real one gets its tier."""
+    server = start_server("memory", api_key_header="x-token")
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        unknown = await client.get("/api/v1/hello", headers={"X-Token": "made-up"})
+        quota = await client.get("/api/v1/account/quota", headers={"X-Token": "demo-pro"})
+    assert unknown.status_code == 401
+    assert quota.status_code == 200
+    assert quota.json()["plan"] == "pro"
+
+
 async def test_concurrency_two_of_three_slow_requests_pass_and_slots_come_back(
     start_server: StartServer, kind: str,
 ) -> None:

@@ -71,7 +71,7 @@ async def build(
             app = Starlette(routes=[Route("/hello", hello), *quota_routes(
                 allow_anonymous=options.pop("anonymous", False))])
         options.setdefault("quota_history", True)
-        app.add_middleware(RateLimitMiddleware, tiers=TIERS, key="api_key",
+        app.add_middleware(RateLimitMiddleware, tiers=options.pop("tiers", TIERS), key="api_key",
                            tier_resolver=TierByAPIKey(KEYS), storage=storage, clock=clock,
                            default_tier="basic", **options)
         made = httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=client),
@@ -213,6 +213,9 @@ async def test_history_hour_and_day_buckets(build: Build, clock: FakeClock) -> N
     ({"granularity": "minute"}, "granularity must be"),
     ({"from": "yesterday"}, "couldn't read from="),
     ({"to": "nan"}, "out of range"),
+    ({"from": "0001-01-01T00:00:00+01:00"}, "out of range"),
+    ({"to": "9999-12-31T23:59:59-01:00"}, "out of range"),
+    ({"from": "0001-01-01"}, "out of range"),
     ({"from": "2024-01-31", "to": "2024-01-30"}, "must not be after"),
 ])
 async def test_history_refuses_bad_parameters(
@@ -222,6 +225,23 @@ async def test_history_refuses_bad_parameters(
     response = await client.get(HISTORY, headers=A, params=params)
     assert response.status_code == 400
     assert message in response.json()["message"]
+
+
+async def test_a_shadow_limit_is_not_reported_as_the_callers_limit(
+        build: Build, clock: FakeClock) -> None:
+    """A tier's shadow limit (tried out, never blocking) is left out of the quota: the
+    limit and the count this minute are the enforced limit's."""
+    tiers = [Tier("basic", [Limit.parse("100/minute", "fixed_window", name="minute"),
+                            Limit.parse("5/minute", "sliding_window", name="trial")],
+                  shadow=["trial"]), TIERS[1]]
+    client = build(tiers=tiers, anonymous=True)
+    for _ in range(10):
+        assert (await client.get("/hello")).status_code == 200
+    quota = await client.get(QUOTA)
+    assert quota.status_code == 200
+    body = quota.json()
+    assert body["limits"] == {"requests_per_minute": 100}
+    assert body["usage"]["requests_this_minute"] == 11
 
 
 async def test_history_keeps_only_the_retention(build: Build, clock: FakeClock) -> None:
