@@ -201,6 +201,7 @@ class RateLimitMiddleware:
         # Memory storage with synchronous key and tier functions: decided without awaiting.
         self._sync = self._local is not None and not self._key_async and not self._resolver_async
         self._returns = _Returns(storage, max(1.0, settings.storage_timeout))
+        self._watches = _Watches()
         # Pipelined Redis with a timeout of its own gives slots back without our help.
         self._gives_back = storage if (
             isinstance(storage, RedisStorage) and storage.pipeline
@@ -282,12 +283,15 @@ class RateLimitMiddleware:
             await self._holding_slots(scope, receive, send, outcome.headers, leases,
                                       outcome.source)
             return
-        freeing = _Freeing(send, outcome.headers, leases, storage)
+        freeing = _Freeing(send, outcome.headers, leases, storage, scope["method"] == "HEAD")
+        watch = _Watch(receive, freeing.free, self._watches)
         try:  # not a finally (see _holding_slots)
-            await self.app(scope, receive, freeing)
+            await self.app(scope, watch, freeing)
         except BaseException as exc:
+            watch.stop()
             freeing.free()
             raise exc
+        watch.stop()
         freeing.free()
 
     async def _not_http(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -306,38 +310,39 @@ class RateLimitMiddleware:
         """Run the app while the request holds its concurrency slots (and add ``headers``
         to its response).
 
-        The slots go back just before the last body chunk is sent, so a client that has
-        seen the end of a response never finds its slot still taken by this worker (on
-        pipelined Redis the ZREM is written then, ahead of every later decision, and
-        not waited for); else when the app call ends (an exception, a disconnect, no
-        body at all).
+        The slots go back just before the last body chunk is sent (a HEAD response's
+        start, whose body is never sent), so a client that has seen the end of a
+        response never finds its slot still taken by this worker (on pipelined Redis
+        the ZREM is written then, ahead of every later decision, and not waited for);
+        when the client disconnects (see `_Watch`); else when the app call ends (an
+        exception, no body at all).
         """
-        held = True
+        holding = _Holding(self, leases, source)
+        head = scope["method"] == "HEAD"
 
         async def send_then_free(message: Message) -> None:
-            nonlocal held
             kind = message["type"]
             if kind == "http.response.start":
                 if headers:
                     message["headers"] = [*message.get("headers", ()), *headers]
-            elif held and kind == "http.response.body" and not message.get("more_body"):
-                held = False
-                await self._give_back(leases, source)
+                if head:
+                    await holding.give_back()
+            elif kind == "http.response.body" and not message.get("more_body"):
+                await holding.give_back()
             await send(message)
 
+        watch = _Watch(receive, holding.gone, self._watches)
         # Neither a finally nor a bare raise after an await: compiled with mypyc, both
         # would raise an exception that a failed give-back raised and handled meanwhile,
         # instead of the app's own.
         try:
-            await self.app(scope, receive, send_then_free)
+            await self.app(scope, watch, send_then_free)
         except BaseException as exc:
-            if held:
-                held = False
-                await self._give_back(leases, source)
+            watch.stop()
+            await holding.give_back()
             raise exc
-        if held:
-            held = False
-            await self._give_back(leases, source)
+        watch.stop()
+        await holding.give_back()
 
     async def identify(self, scope: Scope) -> Caller | None:
         """The caller a request counts for (None: not limited), by the same key function
@@ -819,20 +824,22 @@ class _Completing(_Adding):
 class _Freeing:
     """``send`` for a request holding concurrency slots on memory storage or pipelined
     Redis: appends ``headers`` to the response start, and gives the slots back just
-    before the last body chunk (``free``: at once, without waiting for Redis; then never
-    again), so a background task that runs after the response does not hold them.
+    before the last body chunk, or for a HEAD request (whose body is never sent) the
+    start (``free``: at once, without waiting for Redis; then never again), so a
+    background task that runs after the response does not hold them.
 
     A plain callable returning ``send``'s own awaitable, like ``_Adding``.
     """
 
-    __slots__ = ("headers", "held", "leases", "send", "storage")
+    __slots__ = ("head", "headers", "held", "leases", "send", "storage")
 
     def __init__(self, send: Send, headers: list[Header], leases: tuple[Lease, ...],
-                 storage: MemoryStorage | RedisStorage) -> None:
+                 storage: MemoryStorage | RedisStorage, head: bool) -> None:
         self.send = send
         self.headers = headers
         self.leases = leases
         self.storage = storage
+        self.head = head
         self.held = True
 
     def __call__(self, message: Message) -> Awaitable[None]:
@@ -840,6 +847,8 @@ class _Freeing:
         if kind == "http.response.start":
             if self.headers:
                 message["headers"] = [*message.get("headers", ()), *self.headers]
+            if self.head:
+                self.free()
         elif self.held and kind == "http.response.body" and not message.get("more_body"):
             self.free()
         return self.send(message)
@@ -861,6 +870,150 @@ class _Freeing:
             storage.give_back(leases).add_done_callback(partial(_gave_back, len(leases)))
         except Exception as exc:
             _could_not_give_back(len(leases), exc)
+
+
+class _Holding:
+    """The slots of a request on a storage whose give-back is awaited: given back once."""
+
+    __slots__ = ("held", "leases", "middleware", "source")
+
+    def __init__(self, middleware: RateLimitMiddleware, leases: tuple[Lease, ...],
+                 source: Source) -> None:
+        self.middleware = middleware
+        self.leases = leases
+        self.source = source
+        self.held = True
+
+    async def give_back(self) -> None:
+        if self.held:
+            self.held = False
+            await self.middleware._give_back(self.leases, self.source)
+
+    def gone(self) -> None:
+        """The client disconnected: give the slots back in a task of their own."""
+        if self.held:
+            _background(self.give_back())
+
+
+_WATCH_AFTER = 1.0
+"""Seconds (at most) a request holding slots runs before a task watches for its client
+leaving."""
+
+_TASKS: set[asyncio.Task[None]] = set()  # running background tasks (held, not collected)
+
+
+def _background(work: Awaitable[None]) -> None:
+    task: asyncio.Task[None] = asyncio.ensure_future(work)
+    _TASKS.add(task)
+    task.add_done_callback(_TASKS.discard)
+
+
+class _Watches:
+    """The requests holding slots now, and one timer for them all: every `_WATCH_AFTER`
+    seconds (while there are some), those still running get their watching task. One
+    timer a second, not one per request."""
+
+    __slots__ = ("_loop", "_running", "_timer")
+
+    def __init__(self) -> None:
+        self._running: dict[int, _Watch] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def add(self, watch: _Watch) -> None:
+        self._running[id(watch)] = watch
+        if self._timer is None:
+            loop = self._loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(_WATCH_AFTER, self._due)
+
+    def discard(self, watch: _Watch) -> None:
+        self._running.pop(id(watch), None)
+
+    def _due(self) -> None:
+        self._timer = None
+        running = list(self._running.values())
+        self._running.clear()
+        for watch in running:
+            watch.start()
+
+
+class _Watch:
+    """``receive`` for a request holding concurrency slots: ``gone`` is called when the
+    client disconnects, so the slots go back though the app runs on.
+
+    The app's own ``receive`` calls tell; a request still running after (at most)
+    `_WATCH_AFTER` seconds (a handler that never reads would not tell) gets a task that
+    reads for it, a message at a time, each handed over when the app asks. While the
+    app waits on ``receive`` itself, the task starts only once that call returns: two
+    readers at once could take a message from each other.
+    """
+
+    __slots__ = ("_due", "_gone", "_inbox", "_last", "_reading", "_receive", "_task",
+                 "_watches")
+
+    def __init__(self, receive: Receive, gone: Callable[[], None], watches: _Watches) -> None:
+        self._receive = receive
+        self._gone = gone
+        self._reading = False  # the app is in receive() itself
+        self._due = False  # the task is due, once the app's call returns
+        self._task: asyncio.Task[None] | None = None
+        self._inbox: asyncio.Queue[Message | Exception] | None = None  # the task's, for the app
+        self._last: Message | Exception | None = None  # the disconnect (or error) it ended on
+        self._watches = watches
+        watches.add(self)
+
+    async def __call__(self) -> Message:
+        inbox = self._inbox
+        if inbox is not None:
+            last = self._last if inbox.empty() and self._last is not None else await inbox.get()
+            if isinstance(last, Exception):
+                raise last
+            return last
+        self._reading = True
+        try:  # not a finally (see _holding_slots)
+            message = await self._receive()
+        except BaseException as exc:
+            self._reading = False
+            raise exc
+        self._reading = False
+        if message["type"] == "http.disconnect":
+            self._due = False
+            self._gone()
+        elif self._due:
+            self.start()
+        return message
+
+    def start(self) -> None:
+        """Start the watching task (once the app's own receive call returns, if any)."""
+        if self._reading:
+            self._due = True
+        elif self._task is None:
+            self._due = False
+            self._inbox = asyncio.Queue(1)
+            self._task = asyncio.ensure_future(self._read(self._inbox))
+
+    async def _read(self, inbox: asyncio.Queue[Message | Exception]) -> None:
+        last: Message | Exception
+        try:
+            while True:
+                message = await self._receive()
+                if message["type"] == "http.disconnect":
+                    last = message
+                    self._gone()
+                    break
+                await inbox.put(message)
+        except Exception as exc:  # the app gets it, as if it had called receive
+            last = exc
+        # Every later call gets it too; one waiting now is woken with it.
+        self._last = last
+        if inbox.empty():
+            inbox.put_nowait(last)
+
+    def stop(self) -> None:
+        """The app call ended: no task any more."""
+        self._watches.discard(self)
+        if self._task is not None:
+            self._task.cancel()
 
 
 def _check_objects(*, settings: object, storage: object, breaker: object,
