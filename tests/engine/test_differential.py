@@ -7,6 +7,7 @@ which the script takes instead of ``TIME``.
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -58,5 +59,67 @@ async def test_memory_and_redis_agree_step_by_step(
             expected = _summary(await memory.decide(key, hits))
             got = _summary(await redis_storage.decide(key, hits))
             assert got == expected, f"step {step} at {clock.now!r}: {hits}"
+    finally:
+        await redis_storage.close()
+
+
+async def test_a_huge_sliding_window_finds_its_retry_at_once_and_exactly(
+    redis_url: str, redis_prefix: str,
+) -> None:
+    """1e12 a day (a byte quota, say): after a request of 1 and one of 1e12 - 1 in the
+    next window, a denied request's retry time lies where the weighted sum, in floating
+    point, stays flat for days of microseconds. It is found by bisection (Redis and the
+    memory storage alike, within a moment, not after seconds of stepping a microsecond
+    at a time while Redis answers nobody), it is the same on both, and it is exact."""
+    clock = FakeClock(1_700_006_400.0)  # a day boundary
+    limit = Limit.parse("1000000000000/day", "sliding_window")
+    memory = MemoryStorage(clock=clock)
+    redis_storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, clock=clock)
+    try:
+        for storage in (memory, redis_storage):
+            assert (await storage.decide("k", [Hit(limit, 1)])).allowed
+        clock.advance(86_400.0)
+        for storage in (memory, redis_storage):
+            assert (await storage.decide("k", [Hit(limit, 999_999_999_999)])).allowed
+        clock.advance(10.0)
+        verdicts = []
+        for storage in (memory, redis_storage):
+            start = time.monotonic()
+            verdicts.append(await storage.decide("k", [Hit(limit, 1)]))
+            assert time.monotonic() - start < 1.0
+        assert _summary(verdicts[0]) == _summary(verdicts[1])
+        assert not verdicts[0].allowed
+        # On the microsecond grid the storages count in.
+        due = round(clock.now * 1_000_000) + round(verdicts[0].retry_after * 1_000_000)
+        clock.now = (due - 1) / 1_000_000
+        for storage in (memory, redis_storage):  # a denial consumes nothing
+            assert not (await storage.decide("k", [Hit(limit, 1)])).allowed
+        clock.now = due / 1_000_000
+        for storage in (memory, redis_storage):
+            assert (await storage.decide("k", [Hit(limit, 1)])).allowed
+    finally:
+        await redis_storage.close()
+
+
+@pytest.mark.parametrize("cost", [499, 500, 501, 4000, 9_999])
+async def test_a_sliding_log_takes_a_large_cost_in_one_call(
+    redis_url: str, redis_prefix: str, cost: int,
+) -> None:
+    """A cost of thousands on a sliding log is admitted by Redis as by memory (its
+    members go in ZADDs of a few hundred: one of 4000 pairs broke the script halfway,
+    after the window limit beside it had already been charged)."""
+    clock = FakeClock(1_700_000_000.0)
+    limits = [Limit.parse("100000/hour", "fixed_window"), Limit.parse("20000/hour", "sliding_log")]
+    memory = MemoryStorage(clock=clock)
+    redis_storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, clock=clock)
+    try:
+        for _ in range(2):
+            expected = _summary(await memory.decide("k", [Hit(limit, cost) for limit in limits]))
+            got = _summary(await redis_storage.decide("k", [Hit(limit, cost) for limit in limits]))
+            assert got == expected
+            assert got[0]
+            clock.advance(1.0)
+        peeked = await redis_storage.peek("k", [Hit(limit, 0) for limit in limits])
+        assert [d.remaining for d in peeked.decisions] == [100_000 - 2 * cost, 20_000 - 2 * cost]
     finally:
         await redis_storage.close()

@@ -50,13 +50,26 @@ def _retry_at(state: State | None, now: int, limit: int, period: int, cost: int)
     else:
         # This window's count becomes the previous one's; wait for its weight to fall.
         t = start + period + math.ceil(period - (limit - cost) / current * period)
-    # The guess comes from float division and may be a microsecond off either way.
-    t = max(t, now + 1)
-    while t - 1 > now and _admits(state, t - 1, limit, period, cost):
-        t -= 1
-    while not _admits(state, t, limit, period, cost):
-        t += 1
-    return t
+    # The guess comes from float division: mostly right, or a microsecond off; but with
+    # a large limit the weighted sum stays flat for long stretches (changes below half
+    # a float step are lost), so it can be far off. Admission only grows with time
+    # (the weighted count only falls), so the first admitted microsecond is found by
+    # bisection between the guess and a bound: the end of the next window, when the
+    # count is 0. At most ~50 steps, whatever the limit.
+    t = min(max(t, now + 1), start + 2 * period)
+    if _admits(state, t, limit, period, cost):
+        if t - 1 == now or not _admits(state, t - 1, limit, period, cost):
+            return t
+        low, high = now, t - 1
+    else:
+        low, high = t, start + 2 * period
+    while high - low > 1:
+        middle = (low + high) // 2
+        if _admits(state, middle, limit, period, cost):
+            high = middle
+        else:
+            low = middle
+    return high
 
 
 def decide(

@@ -23,12 +23,17 @@ ALGORITHMS.sliding_log = function(key, now, amount, period, capacity, cost)
   return true, limit - count - cost, period, 0, function(ttl_ms)
     redis.call("ZREMRANGEBYSCORE", key, "-inf", fmt(now - period))
     local size = redis.call("ZCARD", key)
-    local args = {}
-    for i = 1, cost do
-      args[#args + 1] = fmt(now)
-      args[#args + 1] = fmt(now) .. ":" .. fmt(size + i)
+    -- In ZADDs of at most 500 members: unpack() takes no more than about 8000 values,
+    -- and a commit must not fail halfway (Redis keeps what a failed script wrote).
+    local score = fmt(now)
+    for first = 1, cost, 500 do
+      local args = {}
+      for i = first, math.min(cost, first + 499) do
+        args[#args + 1] = score
+        args[#args + 1] = score .. ":" .. fmt(size + i)
+      end
+      redis.call("ZADD", key, unpack(args))
     end
-    redis.call("ZADD", key, unpack(args))
     redis.call("PEXPIRE", key, ttl_ms)
   end
 end

@@ -28,14 +28,27 @@ local function swc_retry_at(saved, now, limit, period, cost)
   else
     t = start + period + math.ceil(period - (limit - cost) / current * period)
   end
-  t = math.max(t, now + 1)
-  while t - 1 > now and swc_admits(saved, t - 1, limit, period, cost) do
-    t = t - 1
+  -- As in Python: the guess, else bisection up to the end of the next window.
+  local bound = start + 2 * period
+  t = math.min(math.max(t, now + 1), bound)
+  local low, high
+  if swc_admits(saved, t, limit, period, cost) then
+    if t - 1 == now or not swc_admits(saved, t - 1, limit, period, cost) then
+      return t
+    end
+    low, high = now, t - 1
+  else
+    low, high = t, bound
   end
-  while not swc_admits(saved, t, limit, period, cost) do
-    t = t + 1
+  while high - low > 1 do
+    local middle = math.floor((low + high) / 2)
+    if swc_admits(saved, middle, limit, period, cost) then
+      high = middle
+    else
+      low = middle
+    end
   end
-  return t
+  return high
 end
 
 ALGORITHMS.sliding_window = function(key, now, amount, period, capacity, cost)
