@@ -28,6 +28,15 @@ from .conftest import WALL_NOW, FakeClock, Recorder, retrying
 URL = "https://api.example.org/items?token=secret"
 
 
+async def get_with(transport: RetryTransport, *, sync: bool) -> httpx.Response:
+    """GET ``URL`` through ``transport`` from a sync or an async client."""
+    if sync:
+        with httpx.Client(transport=transport) as client:
+            return client.get(URL)
+    async with httpx.AsyncClient(transport=transport) as client:
+        return await client.get(URL)
+
+
 def answer(status: int, **headers: str) -> httpx.Response:
     """A canned response with headers given as keyword arguments."""
     return httpx.Response(status, headers={k.replace("_", "-"): v for k, v in headers.items()})
@@ -182,12 +191,7 @@ async def test_the_limiters_wait_counts_against_the_budget(clock: FakeClock, syn
                           sleep_sync=clock.sleep)
     policy = RetryPolicy(max_time=1.0)
     transport = retrying(recorder, clock, policy=policy, limiter=limiter)
-    if sync:
-        with httpx.Client(transport=transport) as client:
-            response = client.get(URL)
-    else:
-        async with httpx.AsyncClient(transport=transport) as client:
-            response = await client.get(URL)
+    response = await get_with(transport, sync=sync)
     assert response.status_code == 503
     assert recorder.calls == 1
     assert clock.now <= 1000.0 + 1.0  # no wait was started
@@ -719,12 +723,7 @@ async def test_the_limiter_is_waited_for_within_the_budget_only(
     recorder = Recorder(answer(503, retry_after="1"), answer(200))
     transport = retrying(recorder, clock, policy=policy, limiter=limiter, sleep=others_queue,
                          async_sleep=others_queue_async)
-    if sync:
-        with httpx.Client(transport=transport) as client:
-            response = client.get(URL)
-    else:
-        async with httpx.AsyncClient(transport=transport) as client:
-            response = await client.get(URL)
+    response = await get_with(transport, sync=sync)
     assert queued == [True]
     assert response.status_code == 503
     assert response.content == b"body"

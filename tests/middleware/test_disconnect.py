@@ -7,14 +7,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import socket
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -22,7 +20,7 @@ from starlette.routing import Route
 
 from ratelimit_mw import Hit, Limit, MemoryStorage, RedisStorage, Storage
 from ratelimit_mw.tiers import Tier
-from tests.conftest import free_port
+from tests.servers import serve
 
 from .conftest import make_app
 
@@ -118,20 +116,8 @@ def server(storages: tuple[Storage, Storage]) -> Iterator[tuple[str, Handlers, S
         await storage.close()
         await send({"type": "lifespan.shutdown.complete"})
 
-    port = free_port()
-    uv = uvicorn.Server(uvicorn.Config(closing, host="127.0.0.1", port=port,
-                                       log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not uv.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}", handlers, storages[1]
-    finally:
-        uv.should_exit = True
-        thread.join(timeout=10)
+    with serve(closing) as url:
+        yield url, handlers, storages[1]
 
 
 async def taken(storage: Storage) -> int:
