@@ -54,6 +54,39 @@ def test_gcra_matches_the_redis_cell_table() -> None:
     ])
 
 
+@pytest.mark.parametrize(("rate", "burst"), [
+    ("300000/second", 3),  # T = 3 1/3 us: rounded up to 4 us it paced 250 000/s
+    ("7/second", 3),       # T = 142 857 1/7 us
+    ("999983/minute", 3),
+    ("10000019/day", 3),
+    ("10000019/day", 10_000_019),  # a tolerance too long for exact ticks: coarser ones
+])
+def test_gcra_keeps_the_rate_exactly(rate: str, burst: int) -> None:
+    """Taking the burst, then one unit each time it is due, a GCRA admits the rate's own
+    pace, not a pace rounded to whole microseconds: the n-th unit after the burst is
+    due n * period / amount after it, to the microsecond (within 0.03 % where the
+    ticks had to be coarser than the rate's own)."""
+    limit = Limit.parse(rate, "gcra", burst=burst)
+    exact = limit.period_us * burst <= 2**52
+    state = decide(None, START, limit, burst).state
+    now = START
+    admitted_at = []
+    for _ in range(61):
+        step = decide(state, now, limit, 1)
+        if not step.allowed:
+            now += step.retry_us
+            step = decide(state, now, limit, 1)
+        assert step.allowed
+        state = step.state
+        admitted_at.append(now)
+    for n, at in enumerate(admitted_at, 1):
+        due = START + -(-n * limit.period_us // limit.amount)  # the first microsecond due
+        if exact:
+            assert at == due, n
+        else:
+            assert due <= at <= due + n * limit.period_us / limit.amount * 3e-4 + 1, n
+
+
 def test_token_bucket_table() -> None:
     """A bucket of 3 refilled at 1 token per 2 s: burst, then the sustained pace."""
     run_table(Limit.parse("1/2 seconds", "token_bucket", burst=3), [

@@ -123,3 +123,55 @@ async def test_a_sliding_log_takes_a_large_cost_in_one_call(
         assert [d.remaining for d in peeked.decisions] == [100_000 - 2 * cost, 20_000 - 2 * cost]
     finally:
         await redis_storage.close()
+
+
+@pytest.mark.parametrize(("rate", "burst"), [
+    ("300000/second", 5), ("7/second", 3), ("999983/minute", 40),
+    ("10000019/day", 10_000_019),  # coarser ticks than the rate's own (see gcra.ticks)
+])
+async def test_gcra_counts_fractions_of_a_microsecond_alike(
+    redis_url: str, redis_prefix: str, rate: str, burst: int,
+) -> None:
+    """A GCRA whose emission interval is no whole number of microseconds carries the
+    fraction in its state: Redis's Lua (in doubles) and memory (in integers) decide
+    three hundred steps of such limits identically."""
+    rng = random.Random(rate)
+    clock = FakeClock(1_700_000_000 + rng.random())
+    memory = MemoryStorage(clock=clock)
+    redis_storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, clock=clock)
+    limit = Limit.parse(rate, "gcra", burst=burst)
+    interval = limit.period / limit.amount
+    try:
+        for step in range(300):
+            clock.advance(rng.choice([0, 1e-6, interval * rng.random(), interval * 3]))
+            hits = [Hit(limit, rng.choice([0, 1, 1, 2, burst // 2, burst + 1]))]
+            expected = _summary(await memory.decide("k", hits))
+            got = _summary(await redis_storage.decide("k", hits))
+            assert got == expected, f"step {step} at {clock.now!r}: {hits}"
+    finally:
+        await redis_storage.close()
+
+
+async def test_gcra_reads_the_state_earlier_versions_wrote(
+    redis_url: str, redis_prefix: str,
+) -> None:
+    """A TAT stored as whole microseconds (before fractions were kept) still counts."""
+    import redis.asyncio as aioredis
+
+    from ratelimit_mw.storage.keys import redis_key
+
+    clock = FakeClock(1_700_000_000.0)
+    redis_storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, clock=clock)
+    raw = aioredis.Redis.from_url(redis_url)
+    limit = Limit.parse("1/second", "gcra", burst=2)
+    try:
+        # Both units taken: the TAT is two seconds ahead.
+        await raw.set(redis_key(redis_prefix, "k", "", limit.uid), "1700000002000000")
+        verdict = await redis_storage.decide("k", [Hit(limit)])
+        assert not verdict.allowed
+        assert verdict.retry_after == 1.0
+        clock.advance(1.0)
+        assert (await redis_storage.decide("k", [Hit(limit)])).allowed
+    finally:
+        await redis_storage.close()
+        await raw.aclose()

@@ -1,32 +1,60 @@
 """Leaky bucket as GCRA (the generic cell rate algorithm of redis-cell and throttled).
 
-State: the theoretical arrival time (TAT) in microseconds. Each unit advances it by
-the emission interval ``T = period / amount`` (rounded up, so the pace never exceeds
-the rate); up to ``capacity`` units may arrive at once (tolerance ``tau = T * capacity``).
+State: the theoretical arrival time (TAT) as ``(us, ticks)``, microseconds and a
+fraction of the next one. Each unit advances it by the emission interval
+``T = period / amount``; up to ``capacity`` units may arrive at once (the tolerance
+``tau = T * capacity``). ``T`` is seldom a whole number of microseconds (300 000 a
+second is 3⅓ µs), so time is counted in ticks, ``1 / per_us`` of a microsecond, in
+which ``T`` is whole: the pace is the rate's, not a rounded one.
 """
 
 from __future__ import annotations
 
+import math
+
 from .base import NEVER_US, Outcome, ceil_div
 
-State = int
+State = tuple[int, int]
+
+EXACT = 2**52
+"""The most ticks a tolerance may span. Redis's Lua counts in doubles, exact below
+2**53; every sum below stays under twice this."""
+
+
+def ticks(amount: int, period: int, capacity: int) -> tuple[int, int]:
+    """``(per_us, interval)``: ticks in a microsecond and ticks in ``T``.
+
+    Exact (``T = period / amount`` to the tick) unless the tolerance would span more
+    than ``EXACT`` ticks; then ticks are the finest that fit, and ``T`` is rounded up
+    to a whole tick, at most 0.03 % slower than the rate (a rate of 10 000 019 a day,
+    say). The fallback counts in floats the way the Lua twin does.
+    """
+    common = math.gcd(period, amount)
+    per_us, interval = amount // common, period // common
+    if interval * capacity <= EXACT:
+        return per_us, interval
+    per_us = math.floor(EXACT / max(float(period) * capacity / amount, float(period)))
+    return per_us, ceil_div(period * per_us, amount)
 
 
 def decide(
     state: State | None, now: int, amount: int, period: int, capacity: int, cost: int,
 ) -> Outcome:
     """Admit ``cost`` units unless that pushes the TAT beyond ``now + tau``."""
-    interval = ceil_div(period, amount)
+    per_us, interval = ticks(amount, period, capacity)
     tau = interval * capacity
-    tat = max(state, now) if state is not None else now
-    seen = tat if tat > now else None
-    remaining = (now + tau - tat) // interval
+    # ahead: how far the TAT is past now, in ticks.
+    ahead = (state[0] - now) * per_us + state[1] if state is not None and state[0] >= now else 0
+    seen = state if ahead > 0 else None
+    remaining = (tau - ahead) // interval
+    reset = ceil_div(ahead, per_us)
     if cost > capacity:
-        return (False, remaining, tat - now, NEVER_US, seen)
-    new_tat = tat + cost * interval
-    allow_at = new_tat - tau
-    if now < allow_at:
-        return (False, remaining, tat - now, allow_at - now, seen)
+        return (False, remaining, reset, NEVER_US, seen)
+    new_ahead = ahead + cost * interval
+    late = new_ahead - tau
+    if late > 0:
+        return (False, remaining, reset, ceil_div(late, per_us), seen)
     if not cost:
-        return (True, remaining, tat - now, 0, seen)
-    return (True, (now - allow_at) // interval, new_tat - now, 0, new_tat)
+        return (True, remaining, reset, 0, seen)
+    return (True, -late // interval, ceil_div(new_ahead, per_us), 0,
+            (now + new_ahead // per_us, new_ahead % per_us))

@@ -1,23 +1,47 @@
--- units: time in microseconds, amounts in requests. Twin of algorithms/gcra.py.
--- State: string, the theoretical arrival time (TAT).
-ALGORITHMS.gcra = function(key, now, amount, period, capacity, cost)
-  local interval = -idiv(-period, amount)
-  local tau = interval * capacity
-  local tat = tonumber(redis.call("GET", key))
-  if not tat or tat < now then tat = now end
-  local remaining = idiv(now + tau - tat, interval)
-  if cost > capacity then
-    return false, remaining, tat - now, NEVER
+-- units: time in microseconds (and ticks: see ticks), amounts in requests.
+-- Twin of algorithms/gcra.py. State: string, the theoretical arrival time (TAT),
+-- "us:ticks" (a plain "us", as earlier versions wrote, reads as no ticks).
+local function gcra_ticks(amount, period, capacity)
+  local a, b = period, amount
+  while b > 0 do a, b = b, imod(a, b) end
+  local per_us, interval = idiv(amount, a), idiv(period, a)
+  if interval * capacity <= 4503599627370496 then  -- EXACT, 2^52
+    return per_us, interval
   end
-  local new_tat = tat + cost * interval
-  local allow_at = new_tat - tau
-  if now < allow_at then
-    return false, remaining, tat - now, allow_at - now
+  per_us = math.floor(4503599627370496 / math.max(period * capacity / amount, period))
+  return per_us, -idiv(-(period * per_us), amount)
+end
+
+ALGORITHMS.gcra = function(key, now, amount, period, capacity, cost)
+  local per_us, interval = gcra_ticks(amount, period, capacity)
+  local tau = interval * capacity
+  local ahead = 0
+  local stored = redis.call("GET", key)
+  if stored then
+    local colon = string.find(stored, ":", 1, true)
+    local us, part
+    if colon then
+      us, part = tonumber(string.sub(stored, 1, colon - 1)), tonumber(string.sub(stored, colon + 1))
+    else
+      us, part = tonumber(stored), 0
+    end
+    if us >= now then ahead = (us - now) * per_us + part end
+  end
+  local remaining = idiv(tau - ahead, interval)
+  local reset = -idiv(-ahead, per_us)
+  if cost > capacity then
+    return false, remaining, reset, NEVER
+  end
+  local new_ahead = ahead + cost * interval
+  local late = new_ahead - tau
+  if late > 0 then
+    return false, remaining, reset, -idiv(-late, per_us)
   end
   if cost == 0 then
-    return true, remaining, tat - now, 0
+    return true, remaining, reset, 0
   end
-  return true, idiv(now - allow_at, interval), new_tat - now, 0, function(ttl_ms)
-    redis.call("SET", key, fmt(new_tat), "PX", ttl_ms)
+  return true, idiv(-late, interval), -idiv(-new_ahead, per_us), 0, function(ttl_ms)
+    redis.call("SET", key, fmt(now + idiv(new_ahead, per_us)) .. ":" .. fmt(imod(new_ahead, per_us)),
+      "PX", ttl_ms)
   end
 end
