@@ -213,7 +213,7 @@ class RateLimitMiddleware:
         self._routes = RouteTable(app, [*settings.build_routes(), *rules], settings.exempt_paths)
         # The table's own cache, read here first: RouteTable is interpreted code, and a
         # call into it costs more than the look-up.
-        self._route_cache: dict[tuple[str, str], RouteSpec] = self._routes.cache
+        self._route_cache: dict[tuple[str, ...], RouteSpec] = self._routes.cache
         self._lease = settings.concurrency_lease
         self._usage = settings.quota_history
         self._plans: dict[tuple[str, RouteSpec], Plan] = {}

@@ -135,6 +135,10 @@ class RouteRule:
         if not isinstance(self.path, str) or not self.path.startswith("/"):
             msg = f"a route pattern must start with '/', got {self.path!r}"
             raise ConfigError(msg)
+        if any(char.isspace() for char in self.path):
+            msg = (f"a route pattern can't hold white space, got {self.path!r} "
+                   f"(give several paths as a list)")
+            raise ConfigError(msg)
         methods = [self.methods] if isinstance(self.methods, str) else self.methods
         names = frozenset(m.strip().upper() if isinstance(m, str) else m for m in methods)
         for name in names:
@@ -160,10 +164,11 @@ class RouteRule:
 
 
 def compile_pattern(path: str) -> re.Pattern[str]:
-    """``/users/{id}/*`` -> a regex: ``{name}`` one path segment, ``*`` anything."""
+    """``/users/{id}/*`` -> a regex: ``{name}`` one path segment, ``*`` and
+    ``{name:path}`` (Starlette's convertor) anything."""
     out = []
     for token in re.split(r"(\{[^}/]*\}|\*)", path):
-        if token == "*":
+        if token == "*" or (token.startswith("{") and token.endswith(":path}")):
             out.append(".*")
         elif token.startswith("{") and token.endswith("}"):
             out.append("[^/]+")
@@ -192,14 +197,17 @@ EXEMPT = RouteSpec(exempt=True)
 
 
 def _spec(label: str, marks: Iterable[RouteLimit], rules: Iterable[RouteRule],
-          is_exempt: bool, route_cost: int | None) -> RouteSpec:
-    """Fold decorator marks and matching rules into one spec."""
+          is_exempt: bool, route_cost: int | None, methods: str = "") -> RouteSpec:
+    """Fold decorator marks and matching rules into one spec. The counters of a mark
+    are the endpoint's own: its path and ``methods`` (``GET,HEAD``), so that a GET and
+    a POST endpoint at one path, marked alike, do not count on one counter."""
     hits: list[Hit] = []
     shadow: list[Hit] = []
     costs = [route_cost] if route_cost is not None else []
+    scope = f"{methods} {label}" if methods else label
     for mark in marks:
         for lim in mark.limits:
-            hit = Hit(lim, mark.cost, label)
+            hit = Hit(lim, mark.cost, scope)
             hits.append(hit)
             if mark.shadow:
                 shadow.append(hit)
@@ -219,11 +227,49 @@ def _spec(label: str, marks: Iterable[RouteLimit], rules: Iterable[RouteRule],
     return RouteSpec(label, False, max(costs, default=1), tuple(hits), tuple(shadow))
 
 
+_HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE")
+
+
+def _handler(endpoint: Any, method: str) -> Any:
+    """The method of an ``HTTPEndpoint`` class that answers ``method`` (HEAD: ``get``,
+    unless it has a ``head``, as Starlette does), or None."""
+    if not isinstance(endpoint, type):
+        return None
+    handler = getattr(endpoint, method.lower(), None)
+    if handler is None and method == "HEAD":
+        handler = getattr(endpoint, "get", None)
+    return handler
+
+
+def _methods(route: Any, method: str) -> str:
+    """The methods a route's own counters belong to: the route's, or for an endpoint
+    class (which declares none) the one its handler answers (HEAD: GET's, unless the
+    class has a ``head``)."""
+    methods = getattr(route, "methods", None)
+    if methods:
+        return ",".join(sorted(methods))
+    endpoint = getattr(route, "endpoint", None)
+    if method == "HEAD" and getattr(endpoint, "head", None) is None:
+        return "GET"
+    return method
+
+
+def _route_methods(route: Any) -> list[str]:
+    """The methods a route answers, for the start-up checks."""
+    methods = getattr(route, "methods", None)
+    if methods:
+        return sorted(methods)
+    endpoint = getattr(route, "endpoint", None)
+    if isinstance(endpoint, type):
+        return [m for m in _HTTP_METHODS if getattr(endpoint, m.lower(), None) is not None]
+    return ["GET"]
+
+
 def _endpoint_marks(route: Any, method: str) -> tuple[list[RouteLimit], bool, int | None]:
     """The ``@limit`` marks, exemption and cost set on a route's endpoint or dependencies."""
     endpoint = getattr(route, "endpoint", None)
     targets = [endpoint]
-    handler = getattr(endpoint, method.lower(), None) if isinstance(endpoint, type) else None
+    handler = _handler(endpoint, method)
     if handler is not None:
         targets.append(handler)  # a method of an HTTPEndpoint class
     marks: list[RouteLimit] = []
@@ -258,23 +304,65 @@ def find_router(app: Any) -> Any:
     return None
 
 
+def _segment(route: Any) -> str:
+    """What a route adds to its children's labels: its path, or for a ``Host`` route
+    its host (``//api.example.com``), so that hosts keep counters of their own."""
+    path = getattr(route, "path", None)
+    if isinstance(path, str):
+        return path
+    host = getattr(route, "host", None)
+    return f"//{host}" if isinstance(host, str) else ""
+
+
+def _children(route: Any) -> list[Any] | None:
+    """The routes under a mount, a host or a router FastAPI includes (newer FastAPI
+    keeps an included router as one route: its routes, prefixed, are its effective
+    route contexts, each matched and marked like a route); None for a leaf."""
+    contexts = getattr(route, "effective_route_contexts", None)
+    if callable(contexts):
+        return [getattr(c, "starlette_route", None) or c for c in contexts()]
+    children = getattr(route, "routes", None)
+    return list(children) if children is not None else None
+
+
 def walk_routes(
     routes: Iterable[Any], prefix: str = "", depth: int = 0,
 ) -> Iterator[tuple[str, Any]]:
-    """Every leaf route with its full path, through mounts."""
+    """Every leaf route with its full path, through mounts, hosts and included routers."""
     for route in routes:
-        path = prefix + getattr(route, "path", "")
-        children = getattr(route, "routes", None)
+        path = prefix + _segment(route)
+        children = _children(route)
         if children is not None and depth < 10:
             yield from walk_routes(children, path, depth + 1)
         else:
             yield path, route
 
 
+def has_hosts(routes: Iterable[Any], depth: int = 0) -> bool:
+    """True when some route is matched on the Host header."""
+    for route in routes:
+        if isinstance(getattr(route, "host", None), str):
+            return True
+        children = _children(route)
+        if children is not None and depth < 10 and has_hosts(children, depth + 1):
+            return True
+    return False
+
+
+def route_path(scope: Scope) -> str:
+    """The path the app routes on: ``scope["path"]`` without the ``root_path`` that a
+    server (``--root-path``) or a mount puts in front of it, as Starlette routes."""
+    path: str = scope["path"]
+    root = scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root):len(root) + 1] in ("", "/"):
+        return path[len(root):] or "/"
+    return path
+
+
 class RouteTable:
     """Resolves a request to its ``RouteSpec``: app routes, configured rules, exempt paths."""
 
-    __slots__ = ("_router", "cache", "cache_size", "exempt_rules", "rules")
+    __slots__ = ("_hosts", "_router", "cache", "cache_size", "exempt_rules", "rules", "seen")
 
     def __init__(self, app: ASGIApp | None, rules: Sequence[RouteRule] = (),
                  exempt_paths: Iterable[str] = (), *, cache_size: int = 4096) -> None:
@@ -282,8 +370,13 @@ class RouteTable:
         self.exempt_rules = tuple(RouteRule(p, exempt=True) for p in exempt_paths)
         self.cache_size = cache_size
         self._router = find_router(app)
-        self.cache: dict[tuple[str, str], RouteSpec] = {}
-        """(method, path) → spec, for the paths seen (the oldest dropped when full)."""
+        self._hosts = self._router is not None and has_hosts(self._router.routes)
+        self.seen: dict[tuple[str, ...], RouteSpec] = {}
+        """(method, path) → spec (with the Host header too when the app routes on it),
+        for the requests seen (the oldest dropped when full)."""
+        self.cache: dict[tuple[str, ...], RouteSpec] = {} if self._hosts else self.seen
+        """What may be looked up by (method, path) alone: ``seen``, unless the app routes
+        on the Host header (then always empty)."""
 
     def known_specs(self) -> Iterator[RouteSpec]:
         """The specs of every route the app declares and every rule (start-up checks)."""
@@ -292,20 +385,22 @@ class RouteTable:
         if self._router is None:
             return
         for path, route in walk_routes(self._router.routes):
-            for method in sorted(getattr(route, "methods", None) or {"GET"}):
+            for method in _route_methods(route):
                 marks, is_exempt, route_cost = _endpoint_marks(route, method)
-                yield _spec(path, marks, (), is_exempt, route_cost)
+                yield _spec(path, marks, (), is_exempt, route_cost, _methods(route, method))
 
     def resolve(self, scope: Scope) -> RouteSpec:
         """The spec of this request's route (cached per method and path)."""
-        slot = (scope["method"], scope["path"])
-        spec = self.cache.get(slot)
+        slot: tuple[str, ...] = (scope["method"], scope["path"])
+        if self._hosts:
+            slot = (*slot, _host(scope))
+        spec = self.seen.get(slot)
         if spec is None:
-            spec = self._resolve(scope, *slot)
-            cache = self.cache
-            if len(cache) >= self.cache_size:
-                del cache[next(iter(cache))]
-            cache[slot] = spec
+            spec = self._resolve(scope, scope["method"], route_path(scope))
+            seen = self.seen
+            if len(seen) >= self.cache_size:
+                del seen[next(iter(seen))]
+            seen[slot] = spec
         return spec
 
     def _resolve(self, scope: Scope, method: str, path: str) -> RouteSpec:
@@ -318,31 +413,34 @@ class RouteTable:
             return _spec(path, (), rules, False, None) if rules else NO_ROUTE
         label, route = found
         marks, is_exempt, route_cost = _endpoint_marks(route, method)
-        return _spec(label, marks, rules, is_exempt, route_cost)
+        return _spec(label, marks, rules, is_exempt, route_cost, _methods(route, method))
+
+
+def _host(scope: Scope) -> str:
+    for name, value in scope.get("headers", ()):
+        if name == b"host":
+            return str(value, "latin-1")
+    return ""
 
 
 def _match(
     routes: Iterable[Any], scope: Scope, prefix: str, depth: int = 0,
 ) -> tuple[str, Any] | None:
-    """The route that would handle ``scope`` (a method mismatch counts if nothing else fits)."""
-    partial = None
+    """The route that will handle ``scope``, or None. Only a full match counts: for a
+    method the route does not take (a CORS preflight, a 405) its endpoint never runs,
+    so its own limits are not charged."""
     for route in routes:
         try:
             match, child = route.matches(scope)
         except Exception:  # a custom route that can't match this scope is not a 500
             continue
-        if match is Match.NONE:
+        if match is not Match.FULL:
             continue
-        path = prefix + getattr(route, "path", "")
-        children = getattr(route, "routes", None)
-        if children is not None and depth < 10:
-            if match is Match.FULL:
-                found = _match(children, {**scope, **child}, path, depth + 1)
-                if found is not None:
-                    return found
-            continue
-        if match is Match.FULL:
+        path = prefix + _segment(route)
+        children = _children(route)
+        if children is None or depth >= 10:
             return path, route
-        if partial is None:
-            partial = (path, route)
-    return partial
+        found = _match(children, {**scope, **child}, path, depth + 1)
+        if found is not None:
+            return found
+    return None

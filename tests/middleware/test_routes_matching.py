@@ -1,0 +1,243 @@
+"""Which route a request is charged to: included FastAPI routers, root paths and mounts,
+methods, hosts, endpoint classes, path patterns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import APIRouter, Depends, FastAPI
+from starlette.applications import Starlette
+from starlette.endpoints import HTTPEndpoint
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Host, Mount, Route
+
+from ratelimit_mw import ConfigError, MemoryStorage
+from ratelimit_mw.middleware import RateLimitMiddleware
+from ratelimit_mw.routes import RouteRule, cost, exempt, limit
+from ratelimit_mw.tiers import Tier
+from tests.conftest import FakeClock
+
+from .conftest import client_for, make_app, ok
+
+TIER = [Tier("t", "10/minute")]
+
+
+def _included_app(memory: MemoryStorage, clock: FakeClock) -> FastAPI:
+    router = APIRouter(prefix="/v1")
+
+    @router.post("/reports")
+    @limit("2/minute", name="reports")
+    async def reports() -> dict[str, str]:
+        return {}
+
+    @router.get("/health")
+    @exempt
+    async def health() -> dict[str, str]:
+        return {}
+
+    @router.get("/search")
+    @cost(5)
+    async def search() -> dict[str, str]:
+        return {}
+
+    @router.get("/export", dependencies=[Depends(limit("1/minute", name="export"))])
+    async def export() -> dict[str, str]:
+        return {}
+
+    inner = APIRouter(prefix="/inner", dependencies=[Depends(limit("1/minute", name="inner"))])
+
+    @inner.get("/x")
+    async def x() -> dict[str, str]:
+        return {}
+
+    router.include_router(inner)
+    app = FastAPI()
+    app.include_router(router)
+    app.add_middleware(RateLimitMiddleware, tiers=TIER, storage=memory, clock=clock)
+    return app
+
+
+async def test_the_marks_of_an_included_routers_routes_count(
+    memory: MemoryStorage, clock: FakeClock,
+) -> None:
+    """@limit, @exempt, @cost, a dependency and a router's own dependencies, on routes of
+    an included APIRouter (newer FastAPI keeps it as one route of its own)."""
+    async with client_for(_included_app(memory, clock)) as client:
+        reports = [(await client.post("/v1/reports")).status_code for _ in range(3)]
+        exports = [(await client.get("/v1/export")).status_code for _ in range(2)]
+        inner = [(await client.get("/v1/inner/x")).status_code for _ in range(2)]
+        searched = await client.get("/v1/search")
+        health = [(await client.get("/v1/health")).status_code for _ in range(12)]
+    assert reports == [200, 200, 429]
+    assert exports == [200, 429]
+    assert inner == [200, 429]
+    # 2 reports + 1 export + 1 inner admitted (the 429s took nothing), then 5 for search
+    assert searched.headers["x-ratelimit-remaining"] == str(10 - 4 - 5)
+    assert health == [200] * 12
+
+
+def test_an_included_routes_limit_that_can_never_pass_fails_at_start_up(
+    memory: MemoryStorage,
+) -> None:
+    router = APIRouter()
+
+    @router.get("/big")
+    @cost(50)
+    async def big() -> dict[str, str]:
+        return {}
+
+    app = FastAPI()
+    app.include_router(router, prefix="/v2")
+    with pytest.raises(ConfigError, match="/v2/big"):
+        RateLimitMiddleware(app.router, tiers=TIER, storage=memory)
+
+
+@pytest.mark.parametrize("where", ["root_path", "mount"])
+async def test_exempt_paths_and_rules_match_below_the_root_path(
+    memory: MemoryStorage, clock: FakeClock, where: str,
+) -> None:
+    """Behind ``--root-path /api`` (the server puts it in front of the path) and on an
+    app mounted at /api, exempt paths and rules match the path the app routes on."""
+    options: dict[str, Any] = {
+        "tiers": [Tier("t", "3/minute")], "storage": memory, "clock": clock,
+        "exempt_paths": ["/health"],
+        "rules": [RouteRule("/search", limits="2/minute")]}
+    inner = make_app([Route("/health", ok), Route("/search", ok)], **options)
+    if where == "mount":
+        app: Any = Starlette(routes=[Mount("/api", app=inner)])
+        transport = httpx.ASGITransport(app=app, client=("192.0.2.1", 1))
+    else:
+        transport = httpx.ASGITransport(app=inner, root_path="/api", client=("192.0.2.1", 1))
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        health = [(await client.get("/api/health")).status_code for _ in range(5)]
+        search = [(await client.get("/api/search")).status_code for _ in range(3)]
+    assert health == [200] * 5
+    assert search == [200, 200, 429]
+
+
+async def test_get_and_post_endpoints_at_one_path_count_apart(
+    memory: MemoryStorage, clock: FakeClock,
+) -> None:
+    """Two endpoints at one path, marked alike, have counters of their own."""
+    @limit("3/minute", name="list")
+    async def list_items(request: Request) -> Response:
+        return PlainTextResponse("list")
+
+    @limit("3/minute", name="create")
+    async def create_item(request: Request) -> Response:
+        return PlainTextResponse("made")
+
+    app = make_app([Route("/items", list_items, methods=["GET"]),
+                    Route("/items", create_item, methods=["POST"])],
+                   tiers=[Tier("t", "100/minute")], storage=memory, clock=clock)
+    async with client_for(app) as client:
+        gets = [(await client.get("/items")).status_code for _ in range(3)]
+        post = await client.post("/items")
+    assert gets == [200, 200, 200]
+    assert post.status_code == 200
+    assert post.headers["x-ratelimit-remaining"] == "2"
+
+
+async def test_a_preflight_or_a_405_does_not_charge_the_routes_own_limit(
+    memory: MemoryStorage, clock: FakeClock,
+) -> None:
+    """A CORS preflight (answered before the endpoint) and a GET answered 405 never
+    run the POST endpoint, so its own limit is not charged; the tier's still is."""
+    @limit("1/minute", name="create")
+    async def create(request: Request) -> Response:
+        return PlainTextResponse("made")
+
+    app = Starlette(routes=[Route("/items", create, methods=["POST"])])
+    app.add_middleware(CORSMiddleware, allow_origins=["https://a.example"],
+                       allow_methods=["POST"])
+    app.add_middleware(RateLimitMiddleware, tiers=[Tier("t", "100/minute")], storage=memory,
+                       clock=clock)
+    preflight = {"origin": "https://a.example", "access-control-request-method": "POST"}
+    async with client_for(app) as client:
+        options = [(await client.options("/items", headers=preflight)).status_code
+                   for _ in range(2)]
+        wrong = await client.get("/items")
+        post = await client.post("/items")
+    assert options == [200, 200]
+    assert wrong.status_code == 405
+    assert wrong.headers["x-ratelimit-remaining"] == "97"  # the tier counts everything
+    assert post.status_code == 200
+
+
+async def test_hosts_keep_their_own_marks_whichever_is_seen_first(
+    memory: MemoryStorage, clock: FakeClock,
+) -> None:
+    """One path on two Host routes: each host's marks apply to its own requests, in
+    either order (the route cache must not give one host's answer to the other)."""
+    @limit("1/minute", name="admin-login")
+    async def admin_login(request: Request) -> Response:
+        return PlainTextResponse("admin")
+
+    @exempt
+    async def www_login(request: Request) -> Response:
+        return PlainTextResponse("www")
+
+    app = make_app([Host("admin.example.com", app=Starlette(routes=[Route("/login", admin_login)])),
+                    Host("www.example.com", app=Starlette(routes=[Route("/login", www_login)]))],
+                   tiers=[Tier("t", "2/minute")], storage=memory, clock=clock)
+    async with client_for(app) as client:
+        www = [(await client.get("http://www.example.com/login")).status_code for _ in range(3)]
+        admin = [(await client.get("http://admin.example.com/login")).status_code
+                 for _ in range(2)]
+        again = (await client.get("http://www.example.com/login")).status_code
+    assert www == [200, 200, 200]
+    assert admin == [200, 429]
+    assert again == 200
+
+
+async def test_head_is_limited_like_the_get_of_an_endpoint_class(
+    memory: MemoryStorage, clock: FakeClock,
+) -> None:
+    """Starlette answers HEAD with an HTTPEndpoint's ``get``: its marks apply, on the
+    same counter."""
+    runs = []
+
+    class Report(HTTPEndpoint):
+        @limit("2/minute", name="report")
+        async def get(self, request: Request) -> Response:
+            runs.append(request.method)
+            return PlainTextResponse("report")
+
+    app = make_app([Route("/report", Report)], tiers=[Tier("t", "100/minute")],
+                   storage=memory, clock=clock)
+    async with client_for(app) as client:
+        codes = [(await client.get("/report")).status_code,
+                 (await client.head("/report")).status_code,
+                 (await client.head("/report")).status_code]
+    assert codes == [200, 200, 429]
+    assert runs == ["GET", "HEAD"]
+
+
+def test_an_endpoint_classs_other_methods_are_checked_at_start_up(
+    memory: MemoryStorage,
+) -> None:
+    """A cost that can never pass on an HTTPEndpoint's ``post`` fails at start-up."""
+    class Reports(HTTPEndpoint):
+        async def get(self, request: Request) -> Response:
+            return PlainTextResponse("list")
+
+        @cost(50)
+        async def post(self, request: Request) -> Response:
+            return PlainTextResponse("made")
+
+    router = Starlette(routes=[Route("/reports", Reports)]).router
+    with pytest.raises(ConfigError, match="could never pass"):
+        RateLimitMiddleware(router, tiers=TIER, storage=memory)
+
+
+def test_path_patterns() -> None:
+    """``{name:path}`` spans segments as in Starlette; white space is refused."""
+    rule = RouteRule("/files/{path:path}", limits="1/minute")
+    assert rule.matches("GET", "/files/a/b.txt")
+    assert not RouteRule("/files/{name}", limits="1/minute").matches("GET", "/files/a/b.txt")
+    with pytest.raises(ConfigError, match=r"white space.*'/health /metrics'"):
+        RouteRule("/health /metrics", exempt=True)
