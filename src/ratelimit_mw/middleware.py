@@ -476,12 +476,16 @@ class RateLimitMiddleware:
                 del self._blocked[(key, plan)]
         guard: StorageGuard = self.guard  # type: ignore[assignment]
         verdict, source = await guard.decide(key, plan.hits, usage=self._usage)
+        # Closed: nothing is admitted undecided; but shadow mode never refuses.
+        closed = guard.mode == "closed" and not self._shadow
         if verdict is None:
-            return self._finish(key, plan, None, source, guard.mode == "closed", now)
+            return self._finish(key, plan, None, source, closed, now)
         if not verdict.allowed and not self._shadow and plan.shadow_only(verdict):
             # A denial consumes nothing: without a second call, a request let through by
             # a shadow limit would not count against the limits that do block.
             enforced, source = await guard.decide(key, plan.enforced, usage=self._usage)
+            if enforced is None and closed:
+                return self._finish(key, plan, None, source, True, now)
             verdict = _with_shadowed(plan, verdict, enforced)
         seen = verdict  # for the metrics hook, shadow denials included
         verdict, refused = self._as_told(plan, verdict)
@@ -490,7 +494,9 @@ class RateLimitMiddleware:
         if (refused and self._blocked_size and source == "storage"
                 and math.isfinite(verdict.retry_after)
                 and not (plan.concurrent and _slot_denied(verdict))):
-            self._remember_blocked(key, plan, verdict, now)
+            # From the clock after the answer: the wait began at most then, and a
+            # Retry-After counted from before the round trip would point too early.
+            self._remember_blocked(key, plan, verdict, self._clock())
         return self._finish(key, plan, verdict, source, refused, now, seen=seen)
 
     def _decide_local(self, key: str, plan: Plan) -> _Outcome:
@@ -784,6 +790,26 @@ _RESPONSE_STARTS = frozenset(("http.response.start", "websocket.http.response.st
                               "websocket.accept"))
 
 
+_OURS = frozenset((
+    b"x-ratelimit-limit", b"x-ratelimit-remaining", b"x-ratelimit-reset", b"x-ratelimit-policy",
+    b"ratelimit", b"ratelimit-policy", b"ratelimit-limit", b"ratelimit-remaining",
+    b"ratelimit-reset", b"retry-after"))
+"""Every header name the middleware may add to a response."""
+
+
+def _with_headers(message: Message, headers: list[Header]) -> Message:
+    """A copy of the response start ``message`` with ``headers`` added, but for those
+    the app set itself (its own win: never two of one name, which clients can't read).
+    A copy: whoever sent the message may keep it (as a record of the response)."""
+    own = message.get("headers", ())
+    for name, _ in own:
+        if name.lower() in _OURS:
+            names = {name.lower() for name, _ in own}
+            headers = [header for header in headers if header[0] not in names]
+            break
+    return {**message, "headers": [*own, *headers]}
+
+
 class _Adding:
     """``send`` that appends ``headers`` to the response start (bodies stream untouched).
 
@@ -799,7 +825,7 @@ class _Adding:
 
     def __call__(self, message: Message) -> Awaitable[None]:
         if message["type"] in _RESPONSE_STARTS:
-            message["headers"] = [*message.get("headers", ()), *self.headers]
+            message = _with_headers(message, self.headers)
         return self.send(message)
 
 
@@ -817,7 +843,7 @@ class _Completing(_Adding):
             added = [header for header in self.headers if header[0] not in names]
             if message.get("status") == 429 and b"cache-control" not in names:
                 added.append((b"cache-control", b"no-store"))
-            message["headers"] = [*own, *added]
+            message = {**message, "headers": [*own, *added]}
         return self.send(message)
 
 
@@ -846,7 +872,7 @@ class _Freeing:
         kind = message["type"]
         if kind == "http.response.start":
             if self.headers:
-                message["headers"] = [*message.get("headers", ()), *self.headers]
+                message = _with_headers(message, self.headers)
             if self.head:
                 self.free()
         elif self.held and kind == "http.response.body" and not message.get("more_body"):
