@@ -155,6 +155,9 @@ class RateLimitMiddleware:
         self._on_denied_async = on_denied is not None and is_async_callable(on_denied)
         self._on_decision = on_decision
 
+        if tiers is not None and settings.tiers:
+            _log.warning("ratelimit_mw: the tiers given to the middleware replace those of "
+                         "its settings (%s)", ", ".join(settings.tiers))
         if isinstance(tiers, TierTable):
             self._tiers = tiers
         elif tiers is not None:
@@ -170,6 +173,9 @@ class RateLimitMiddleware:
         self._key = _key_function(key, settings, self._client_ip)
         self._key_async = is_async_callable(self._key)
         self._failures = _Complaints()
+        if tier_resolver is not None and settings.tier_header:
+            _log.warning("ratelimit_mw: tier_header=%r is not read: the tier_resolver given "
+                         "to the middleware picks the tier", settings.tier_header)
         if tier_resolver is None and settings.tier_header:
             trusted = self._client_ip.trusted
             tier_resolver = TierFromHeader(settings.tier_header, trusted=trusted)

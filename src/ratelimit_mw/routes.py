@@ -79,18 +79,23 @@ class RouteLimit:
 
 
 def limit(
-    rates: str | Limit | Sequence[Limit | str], algorithm: str = "sliding_window", *,
+    rates: str | Limit | Sequence[Limit | str], algorithm: str | None = None, *,
     burst: int | None = None, name: str = "", cost: int = 1, shadow: bool = False,
 ) -> RouteLimit:
     """Limit an endpoint: ``@limit("5/minute")``, ``@limit("10/second", "token_bucket",
-    burst=20)``; ``shadow=True`` reports without blocking."""
+    burst=20)``; ``shadow=True`` reports without blocking. ``algorithm``, ``burst`` and
+    ``name`` shape limits given as a rate; ``Limit`` objects carry their own."""
     if isinstance(rates, str):
-        limits = tuple(limits_from(rates, algorithm, burst=burst))
+        limits = tuple(limits_from(rates, algorithm or "sliding_window", burst=burst))
         if name:
             limits = tuple(
                 Limit(lim.rate, lim.algorithm, lim.burst, name if len(limits) == 1 else
                       f"{name}-{i}") for i, lim in enumerate(limits, 1))
     else:
+        if algorithm is not None or burst is not None or name:
+            msg = (f"limit({rates!r}, ...): algorithm, burst and name apply to a rate such "
+                   f"as '10/minute'; a Limit carries its own")
+            raise ConfigError(msg)
         limits = as_limits(rates)
     return RouteLimit(limits, cost, shadow)
 

@@ -45,7 +45,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
 
 from .errors import ConfigError
 from .failure import FailureMode, check_mode, positive_seconds
@@ -121,6 +121,10 @@ class RouteConfig(_Strict):
     shadow: bool = False
 
     def build(self) -> RouteRule:
+        if self.exempt and self.limits:
+            msg = (f"route {self.path!r} is exempt and has limits {self.limits!r}: an exempt "
+                   f"route is not limited at all; drop one of them")
+            raise ConfigError(msg)
         return RouteRule(self.path, frozenset(self.methods),
                          _limits(self.limits, self.algorithm),  # type: ignore[arg-type]
                          self.cost, self.exempt, self.shadow)
@@ -265,6 +269,11 @@ class RateLimitSettings(BaseSettings):
         if not 1 <= self.ipv6_prefix <= 128:
             msg = f"ipv6_prefix must be from 1 to 128, got {self.ipv6_prefix}"
             raise ConfigError(msg)
+        if self.tiers and "default_limits" in self.model_fields_set:
+            msg = (f"default_limits={self.default_limits!r} applies only when no tiers are "
+                   f"set, and tiers are ({', '.join(self.tiers)}): give the default tier "
+                   f"those limits instead")
+            raise ConfigError(msg)
         return self
 
     @property
@@ -299,6 +308,7 @@ class RateLimitSettings(BaseSettings):
             if not isinstance(data, dict):
                 msg = f"{str(path)!r} has no table [{table}]"
                 raise ConfigError(msg)
-        env = cls()
-        merged = {**data, **env.model_dump(include=env.model_fields_set)}
+        # The variables as they are, validated once together with the file (validated
+        # alone, against the defaults, a valid combination could be refused).
+        merged = {**data, **EnvSettingsSource(cls)()}
         return cls.model_validate(merged)
