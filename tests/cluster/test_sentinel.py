@@ -91,3 +91,20 @@ async def test_a_full_pool_queues_instead_of_failing(make: StorageFactory) -> No
 
     verdicts = await asyncio.gather(*(later(i) for i in range(80)))
     assert sum(v.allowed for v in verdicts) == 50
+
+
+@pytest.mark.parametrize("kind", ["redis", "sentinel"])
+async def test_calls_beyond_the_default_pool_wait_their_turn(
+    kind: str, redis_url: str, request: pytest.FixtureRequest,
+) -> None:
+    """Without max_connections, the calls that go by the pool (usage reads: the quota
+    endpoints) beyond its 100 connections wait for one, as on Cluster; they failed at
+    once with 'Too many connections'."""
+    url = redis_url if kind == "redis" else request.getfixturevalue("redis_sentinel_url")
+    async with storage_factory(url) as factory:
+        storage = factory(timeout=5.0)
+        assert isinstance(storage, RedisStorage)
+        results = await asyncio.gather(
+            *(storage.usage(f"caller-{i % 3}", "day", time.time() - 60, time.time())
+              for i in range(300)), return_exceptions=True)
+    assert [r for r in results if isinstance(r, BaseException)] == []

@@ -16,6 +16,11 @@ __all__ = ["BUCKET_SECONDS", "Granularity", "MergedHits", "Storage", "UsageReten
 Granularity = Literal["hour", "day"]
 BUCKET_SECONDS: dict[Granularity, int] = {"hour": 3600, "day": 86400}
 
+DEFAULT_MAX_CONNECTIONS = 100
+"""Connections to one Redis server (redis-py's own default); callers beyond wait their
+turn, up to ``DEFAULT_POOL_TIMEOUT`` seconds."""
+DEFAULT_POOL_TIMEOUT = 5.0
+
 
 class UsageRetention(NamedTuple):
     """How many hourly and daily usage buckets are kept (default 7 days, 90 days)."""

@@ -26,7 +26,7 @@ from redis.exceptions import RedisClusterException
 from redis.typing import EncodableT
 
 from ..errors import ConfigError
-from .base import UsageRetention
+from .base import DEFAULT_POOL_TIMEOUT, UsageRetention
 from .redis import RedisStorage
 
 __all__ = ["cluster_client_from_url", "cluster_storage_from_url"]
@@ -269,7 +269,6 @@ class ConnectionQueue:
             self._semaphore.release()
 
 
-DEFAULT_POOL_TIMEOUT = 5.0
 
 
 def short_retry() -> Retry:

@@ -21,6 +21,8 @@ from ..errors import ConfigError, StorageError
 from ..policy import ALGORITHM_NAMES, Hit
 from .base import (
     BUCKET_SECONDS,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_POOL_TIMEOUT,
     Granularity,
     MergedHits,
     Storage,
@@ -138,21 +140,18 @@ class RedisStorage(Storage):
     ) -> RedisStorage:
         """Connect lazily to ``redis://`` or ``rediss://``; ``timeout`` bounds each call.
 
-        With ``max_connections``, callers beyond it wait for a free connection (up to
-        ``pool_timeout`` seconds) instead of failing. ``clock`` is for tests only (see
-        ``__init__``); other options go to redis-py.
+        Callers beyond ``max_connections`` (default 100) wait for a free connection
+        (up to ``pool_timeout`` seconds, default 5) instead of failing. ``clock`` is
+        for tests only (see ``__init__``); other options go to redis-py.
         """
         if timeout is not None:
             options.setdefault("socket_timeout", timeout)
             options.setdefault("socket_connect_timeout", timeout)
-        max_connections = options.pop("max_connections", None)
-        pool_timeout = options.pop("pool_timeout", 5.0)
-        if max_connections is not None:
-            pool = BlockingConnectionPool.from_url(
-                url, max_connections=max_connections, timeout=pool_timeout, **options)
-            client = Redis.from_pool(pool)
-        else:
-            client = Redis.from_url(url, **options)
+        max_connections = options.pop("max_connections", None) or DEFAULT_MAX_CONNECTIONS
+        pool_timeout = options.pop("pool_timeout", DEFAULT_POOL_TIMEOUT)
+        pool = BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=pool_timeout, **options)
+        client = Redis.from_pool(pool)
         return cls(client, prefix=prefix, clock=clock, owns_client=True,
                    usage_retention=usage_retention, timeout=timeout)
 

@@ -14,10 +14,9 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.sentinel import Sentinel
 
-from .base import UsageRetention
+from .base import DEFAULT_MAX_CONNECTIONS, DEFAULT_POOL_TIMEOUT, UsageRetention
 from .cluster import (
     CONNECTION_OPTIONS,
-    DEFAULT_POOL_TIMEOUT,
     ConnectionQueue,
     bad_url,
     connection_options,
@@ -49,8 +48,8 @@ def sentinel_storage_from_url(
     and ``sentinel_password`` are the sentinels'. Other query options:
     ``client_name``, ``socket_timeout``, ``socket_connect_timeout``,
     ``max_connections``, ``health_check_interval``. ``timeout`` bounds each call,
-    also to the sentinels. With ``max_connections``, callers beyond it wait for a
-    turn, up to ``pool_timeout`` seconds (default 5). ``clock`` is for tests only;
+    also to the sentinels. Callers beyond ``max_connections`` (default 100) wait
+    for a turn, up to ``pool_timeout`` seconds (default 5). ``clock`` is for tests only;
     other options go to redis-py (``sentinel_kwargs`` to the sentinels' clients).
     """
     client = sentinel_client_from_url(url, timeout=timeout, **options)
@@ -85,6 +84,8 @@ def sentinel_client_from_url(url: str, *, timeout: float | None = None, **option
     kwargs.update(options)
     to_sentinels.update(kwargs.pop("sentinel_kwargs", None) or {})
     pool_timeout = kwargs.pop("pool_timeout", DEFAULT_POOL_TIMEOUT)
+    if kwargs.get("max_connections") is None:
+        kwargs["max_connections"] = DEFAULT_MAX_CONNECTIONS
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
         list(parsed.hosts), sentinel_kwargs=to_sentinels,
     )
@@ -94,14 +95,13 @@ def sentinel_client_from_url(url: str, *, timeout: float | None = None, **option
     except (TypeError, ValueError) as exc:
         bad_url(url, str(exc), _EXAMPLE, cause=exc)
     client.sentinel_manager = sentinel
-    if kwargs.get("max_connections") is not None:
-        client.queue = ConnectionQueue(kwargs["max_connections"], pool_timeout)
+    client.queue = ConnectionQueue(kwargs["max_connections"], pool_timeout)
     return client  # type: ignore[no-any-return]
 
 
 class _SentinelPrimary(Redis):
-    """The primary's client: queues for a connection (see ``ConnectionQueue``) when
-    ``max_connections`` is set, and closes the sentinels' connections with its own."""
+    """The primary's client: queues for a connection (see ``ConnectionQueue``), and
+    closes the sentinels' connections with its own."""
 
     queue: ConnectionQueue | None = None
     sentinel_manager: Sentinel | None = None
