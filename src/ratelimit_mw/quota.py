@@ -79,6 +79,10 @@ def _iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+_SKEW = 2 * 86400
+"""How far an app server's clock may be off the storage's for the quota report."""
+
+
 def _month(now: float) -> tuple[str, float, float]:
     """The UTC month of ``now``: its label, start and the start of the next one."""
     day = datetime.fromtimestamp(now, UTC)
@@ -165,17 +169,21 @@ class QuotaEndpoints:
             return self._unauthorized()
         plan = middleware.plan_for(caller.tier)
         now = middleware.clock()
-        label, _, month_end = _month(now)
         storage = middleware.storage
         try:
             peek = await storage.peek(caller.key, plan.hits) if plan.hits else None
             today: int | None = None
             if middleware.settings.quota_history:
-                days = await storage.usage(caller.key, "day", now, now)
+                # Days around ours: the storage stops at its own today (Redis's clock),
+                # which an app server's skewed clock could put a day off.
+                days = await storage.usage(caller.key, "day", now - _SKEW, now + _SKEW)
                 today = days[-1][1] if days else 0
         except (StorageError, TimeoutError) as exc:
             return _error(503, "quota_unavailable", f"The quota can't be read right now: {exc}",
                           **{"Retry-After": "1"})
+        if peek is not None and peek.at is not None:
+            now = peek.at  # the storage's clock: app servers agree on the period
+        label, _, month_end = _month(now)
         report = _Report()
         for decision in peek.decisions if peek is not None else ():
             # A route's own limits are not part of the plan; a shadow limit is only

@@ -270,3 +270,31 @@ def test_settings_carry_the_retention() -> None:
     assert tuple(settings.usage_retention) == (24, 30)
     with pytest.raises(ValueError, match="usage retention hours"):
         RateLimitSettings(usage_retention_hours=0)
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("behind", [1.5, 40.0])
+async def test_on_redis_today_and_the_period_are_redis_s_whatever_the_app_clock(
+    redis_url: str, redis_prefix: str, behind: float,
+) -> None:
+    """An app server whose clock is days behind Redis still reports Redis's today
+    (within two days' skew) and month (Redis counts the usage on its own clock):
+    skewed servers agree."""
+    import time
+
+    storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, usage_retention=(168, 90))
+    app = Starlette(routes=[Route("/", hello), *quota_routes()])
+    app.add_middleware(RateLimitMiddleware, storage=storage, tiers=TIERS,
+                       tier_resolver=TierByAPIKey(KEYS), key="api_key", quota_history=True,
+                       clock=lambda: time.time() - 86_400 * behind)
+    transport = httpx.ASGITransport(app=app, client=("198.51.100.4", 1))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            for _ in range(3):
+                await client.get("/", headers=A)
+            body = (await client.get(QUOTA, headers=A)).json()
+    finally:
+        await storage.close()
+    assert body["period"] == datetime.fromtimestamp(time.time(), UTC).strftime("%Y-%m")
+    if behind < 2:
+        assert body["usage"]["requests_today"] == 4  # the quota request counts too
