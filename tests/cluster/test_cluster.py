@@ -122,6 +122,30 @@ async def test_a_slot_in_migration_is_followed_through_ask(
     assert (await storage.decide("asker", [hit])).decisions[0].remaining == 1
 
 
+async def test_usage_history_does_not_stop_a_migrating_slots_decisions(
+    storage: RedisStorage, redis_cluster: ClusterDeployment,
+) -> None:
+    """With usage history on, a decision's declared keys are its counters only (the
+    usage buckets share their slot): while the slot migrates, a caller whose counters
+    exist decides, keys on the source and keys moved alike. (The never-existing usage
+    prefix was declared too: Redis answered TRYAGAIN until the slot had moved.)"""
+    hits = [Hit(Limit.parse("100/minute", "fixed_window")), Hit(Limit.parse("1000/day"))]
+    assert (await storage.decide("historian", hits, usage=True)).allowed
+    slot = ClusterDeployment.slot(redis_key(storage.prefix, "historian", "", "u"))
+    target = redis_cluster.nodes[other_node(redis_cluster, slot)]
+    source = redis_cluster.owner(slot)
+    target.call("CLUSTER", "SETSLOT", slot, "IMPORTING", redis_cluster.node_id(source))
+    source.call("CLUSTER", "SETSLOT", slot, "MIGRATING", redis_cluster.node_id(target))
+    try:
+        verdict = await outcome(storage.decide("historian", hits, usage=True, timeout=1.0))
+        assert isinstance(verdict, Verdict) and verdict.allowed
+    finally:
+        redis_cluster.finish_moving(slot, target)
+    assert (await storage.decide("historian", hits, usage=True)).decisions[0].remaining == 97
+    day = await storage.usage("historian", "day", time.time(), time.time())
+    assert day[-1][1] == 3
+
+
 async def test_resharding_under_load_never_raises_anything_else(
     make: StorageFactory, redis_cluster: ClusterDeployment,
 ) -> None:

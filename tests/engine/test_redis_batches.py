@@ -446,10 +446,13 @@ async def test_a_shorter_deadline_in_a_later_batch_still_holds() -> None:
             await storage.close()
 
 
-@pytest.mark.parametrize("usage", [False, True])
-def test_a_packed_decision_is_the_command_redis_py_would_send(usage: bool) -> None:
+@pytest.mark.parametrize(("usage", "limited"), [(False, True), (True, True), (True, False)])
+def test_a_packed_decision_is_the_command_redis_py_would_send(
+    usage: bool, limited: bool,
+) -> None:
     """The hand-packed EVALSHA is byte for byte what redis-py packs for the same
-    arguments, for a new identity and for one whose keys were packed before."""
+    arguments, for a new identity and for one whose keys were packed before (the
+    usage buckets' prefix is a key only when there is no counter to route by)."""
     from redis.connection import Connection as SyncConnection  # never connected: packs
 
     from ratelimit_mw.storage import wire
@@ -457,13 +460,13 @@ def test_a_packed_decision_is_the_command_redis_py_would_send(usage: bool) -> No
 
     hits = (Hit(Limit.parse("10/minute", "token_bucket", burst=20)),
             Hit(Limit.parse("1000/day", "fixed_window"), 3, "route:/x"),
-            Hit(Limit.concurrency(2)))
+            Hit(Limit.concurrency(2))) if limited else ()
     packed = wire.pack_plan("f" * 40, hits, usage)
     encoder = SyncConnection()
     for tag, lease in [(b"rl:{ip:10.0.0.1}:", b"lease-1"), (b"rl:{ip:10.0.0.1}:", b"lease-2"),
                        (b"rl:{key:\xc3\xa9}:", b"")]:
         keys = [tag + counter_suffix(hit.scope, hit.limit.uid).encode() for hit in hits]
-        if usage:
+        if usage and not hits:
             keys.append(tag + b"u:")
         args = [str(value).encode() for hit in hits for value in (
             hit.limit.algorithm, hit.limit.amount, hit.limit.period_us, hit.limit.capacity,

@@ -189,8 +189,8 @@ class RedisStorage(Storage):
                 slots = slots_taken(hits)
                 lease_id = _lease_id() if slots else ""
                 keys = [redis_key(self.prefix, key, hit.scope, hit.limit.uid) for hit in hits]
-                if usage:
-                    keys.append(f"{tag}u:")  # the usage buckets' prefix (see decide.lua)
+                if usage and not keys:
+                    keys.append(f"{tag}u:")  # a key to route by (see decide.lua)
                 args: list[str | int] = [clock, lease_id, spec]
                 for hit in hits:
                     limit = hit.limit

@@ -59,8 +59,8 @@ _PACKED_KEYS = 1024
 def pack_plan(sha: str, hits: tuple[Hit, ...], usage: bool) -> PackedPlan:
     """Pack what the decisions of one plan share (with usage counted, or not)."""
     keys = [counter_suffix(hit.scope, hit.limit.uid).encode() for hit in hits]
-    if usage:
-        keys.append(b"u:")  # the usage buckets' prefix (see decide.lua)
+    if usage and not keys:
+        keys.append(b"u:")  # a key to route by (see decide.lua)
     tail = b"".join(
         bulk(str(value).encode())
         for hit in hits

@@ -1,6 +1,9 @@
 -- units: time in microseconds, amounts in requests.
--- Decides every limit of one request at once: KEYS[i] is the counter of hit i; with
--- usage, one more key is the prefix of the usage buckets (same hash tag, same slot).
+-- Decides every limit of one request at once: KEYS[i] is the counter of hit i (with
+-- usage and no hit, the one key is the usage buckets' prefix). The usage buckets are
+-- not declared: they share the identity's tag (the keys' start up to its "}:"), so
+-- they are in the same slot; declared, a bucket not yet made would fail the script
+-- with TRYAGAIN while a Cluster slot migrates.
 -- ARGV[1] is empty (use Redis's clock) or a time in microseconds (tests only: lets the
 -- differential tests drive Redis on simulated time); ARGV[2] the lease id a
 -- concurrency hit takes; ARGV[3] the usage retention "hours,days" or empty (no usage);
@@ -54,7 +57,8 @@ if admitted and ARGV[3] ~= "" then
   local hours, days = tonumber(string.sub(ARGV[3], 1, comma - 1)),
     tonumber(string.sub(ARGV[3], comma + 1))
   local hour, day = idiv(now, HOUR), idiv(now, DAY)
-  local hour_key, day_key = KEYS[n + 1] .. "h:" .. fmt(hour), KEYS[n + 1] .. "d:" .. fmt(day)
+  local buckets = string.match(KEYS[1], "^[^}]*}:") .. "u:"
+  local hour_key, day_key = buckets .. "h:" .. fmt(hour), buckets .. "d:" .. fmt(day)
   -- A bucket's end of life is fixed when it is created: set it then, not per request.
   if redis.call("INCR", hour_key) == 1 then
     redis.call("PEXPIRE", hour_key, math.ceil(((hour + hours) * HOUR - now) / 1000))
