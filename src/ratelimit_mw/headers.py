@@ -66,7 +66,7 @@ def retry_after_value(seconds: float) -> bytes | None:
 
 
 def policy_name(name: str) -> str:
-    """A policy name safe inside a structured-field string (printable ASCII, escaped)."""
+    """A policy name as a structured-field string's content (printable ASCII, escaped)."""
     safe = "".join(c if " " <= c <= "~" else "_" for c in name)
     return safe.replace("\\", "\\\\").replace('"', '\\"')
 
@@ -148,11 +148,17 @@ class HeaderFormat:
         self, verdict: Verdict, names: Mapping[PolicyKey, str], now: float, key: str = "",
     ) -> list[Header]:
         """The per-request headers for ``verdict`` (``now`` in epoch seconds) of the
-        caller ``key``."""
+        caller ``key``: of the limits ``names`` names (a plan's enforced limits), or of
+        every limit when it names none."""
         decisions = verdict.decisions
+        allowed = verdict.allowed
+        if 0 < len(names) < len(decisions):
+            # Shadow limits hold nobody back: a client must not pace itself by them.
+            decisions = tuple(d for d in decisions if (d.scope, d.policy) in names)
+            allowed = all(d.allowed for d in decisions)
         if not decisions:
             return []
-        binding = binding_of(decisions, verdict.allowed)
+        binding = binding_of(decisions, allowed)
         reset_after = binding.reset_after
         if binding.policy.is_concurrency:
             # A slot frees when some request ends: the retry hint, not the lease.
@@ -190,6 +196,17 @@ class HeaderFormat:
 
 
 _ceil = math.ceil
+_NAMES: dict[str, str] = {}  # policy name -> policy_name(name), looked up per request
+
+
+def _written(name: str) -> str:
+    """``policy_name(name)``, made once per name."""
+    written = _NAMES.get(name)
+    if written is None:
+        if len(_NAMES) >= 1024:
+            _NAMES.clear()
+        written = _NAMES[name] = policy_name(name)
+    return written
 
 
 def _draft11(
@@ -200,7 +217,7 @@ def _draft11(
     in ``pk`` (the partition key parameter, if any)."""
     parts = []
     for d in decisions:
-        name = names.get((d.scope, d.policy)) or policy_name(d.policy.name)
+        name = _written(names.get((d.scope, d.policy)) or d.policy.name)
         if d.policy.is_concurrency:
             parts.append(f'"{name}";r={d.remaining}{pk}' if d.allowed else
                          f'"{name}";r={d.remaining};t={math.ceil(d.retry_after)}{pk}')

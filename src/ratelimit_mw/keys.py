@@ -13,6 +13,7 @@ import hashlib
 import inspect
 import ipaddress
 import logging
+import re
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -114,7 +115,10 @@ class TrustedProxies:
             address = ipaddress.ip_address(host)
         except ValueError:
             return False
-        return any(address in network for network in self.networks)
+        # A dual-stack socket shows an IPv4 peer as ::ffff:a.b.c.d: the same host.
+        mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+        return any(address in network or (mapped is not None and mapped in network)
+                   for network in self.networks)
 
     def __repr__(self) -> str:
         shown = ["*"] if self.everyone else [str(n) for n in self.networks]
@@ -142,17 +146,75 @@ def _ip_key(peer: str, ipv6_prefix: int) -> str:
     return f"ip:{grouped or peer[:_MAX_TOKEN] or '-'}"
 
 
+# One forwarded-pair and the ',' or ';' after it (RFC 7239 section 4): the value a token
+# or an RFC 9110 quoted-string, inside which ',' and ';' separate nothing. Possessive, so
+# an unbalanced quote fails at once; spaces around '=' are tolerated, as before.
+_PAIR = re.compile(r'[ \t]*(?:([^\s=,;"]+)[ \t]*=[ \t]*'
+                   r'("[^"\\]*+(?:\\.[^"\\]*+)*+"|[^\s,;"]*))?[ \t]*([,;]|\Z)')
+_QUOTED_PAIR = re.compile(r"\\(.)")
+_MAX_PAIRS = 8 * _MAX_HOPS  # read no further: a header that long and that quoted is hostile
+# RFC 7239 section 6.3: an obfuscated node, sent instead of the address a proxy hides.
+_OBFNODE = re.compile(r"_[A-Za-z0-9._-]+")
+
+
 def _forwarded_for(value: str) -> list[str]:
-    """The ``for=`` node of each element of an RFC 7239 ``Forwarded`` header, in order."""
+    """The ``for=`` node of each element of an RFC 7239 ``Forwarded`` header, in order
+    (``""`` for an element without one)."""
+    if '"' in value and not _splits_plainly(value):
+        return _forwarded_for_quoted(value)
+    # The usual header: every ',' and ';' separates (none is inside a quoted-string).
     nodes = []
     for element in value.split(",")[-_MAX_HOPS:]:
         node = ""
         for pair in element.split(";"):
             name, _, token = pair.partition("=")
-            if name.strip().lower() == "for":
-                node = token.strip().strip('"')
+            if name.strip(" \t").lower() == "for":
+                node = token.strip(" \t")
+                if len(node) > 1 and node[0] == node[-1] == '"':
+                    node = node[1:-1]
         nodes.append(_strip_port(node))
     return nodes
+
+
+def _splits_plainly(value: str) -> bool:
+    """True when no quoted-string of ``value`` holds a ',', a ';' or a quoted-pair, and
+    none is left open: then splitting on ',' and ';' parses it (``for="[::1]:80"``)."""
+    parts = value.split('"')
+    quoted = "".join(parts[1::2])
+    return len(parts) % 2 == 1 and "," not in quoted and ";" not in quoted and "\\" not in value
+
+
+def _forwarded_for_quoted(value: str) -> list[str]:
+    """``_forwarded_for`` of a header with quoted-strings, read pair by pair. A malformed
+    element ends the list with ``""``, which stops the walk: after an unbalanced quote,
+    nothing can be told apart."""
+    nodes = []
+    node = ""
+    pos = 0
+    for _ in range(_MAX_PAIRS):
+        pair = _PAIR.match(value, pos)
+        if pair is None:
+            break
+        name, token, separator = pair.groups()
+        if name is not None and name.lower() == "for":
+            node = token
+            if node.startswith('"'):
+                node = node[1:-1]
+                if "\\" in node:
+                    node = _QUOTED_PAIR.sub(_escaped, node)
+        if separator != ";":
+            nodes.append(_strip_port(node))
+            if not separator:
+                return nodes[-_MAX_HOPS:]
+            node = ""
+        pos = pair.end()
+    nodes.append("")
+    return nodes[-_MAX_HOPS:]
+
+
+def _escaped(pair: re.Match[str]) -> str:
+    """The character a quoted-pair (``\\"``) stands for."""
+    return pair[1]
 
 
 def _strip_port(node: str) -> str:
@@ -228,13 +290,15 @@ class ClientIP:
         value = header_value(scope, self._header)
         if value is None:
             return peer
-        if self._header == b"forwarded":
+        forwarded = self._header == b"forwarded"
+        if forwarded:
             hops = _forwarded_for(value)
         else:
             hops = [_strip_port(hop.strip()) for hop in value.split(",")[-_MAX_HOPS:]]
         client = peer
         for hop in reversed(hops):
-            if len(hop) > _MAX_TOKEN or _group(hop, 128) is None:
+            if len(hop) > _MAX_TOKEN or (_group(hop, 128) is None and not (
+                    forwarded and _OBFNODE.fullmatch(hop))):
                 # A trusted proxy passed on garbage: stop at the last hop we believe.
                 return client
             client = hop

@@ -31,6 +31,7 @@ class Plan:
     enforced: Sequence[Hit]
     shadow: frozenset[PolicyKey]
     names: Mapping[PolicyKey, str]
+    """The name of each limit the headers report (not the shadow ones), as configured."""
     static_headers: tuple[tuple[bytes, bytes], ...]
     concurrent: bool = False
     """True when the plan takes a concurrency slot (to give back when the request ends)."""
@@ -60,20 +61,23 @@ def make_plan(tier: Tier, route: RouteSpec, fmt: HeaderFormat, lease: float = 30
     shadow.update((hit.scope, hit.limit) for hit in route.shadow)
     enforced = merge_hits(tuple(hit for hit in joined if (hit.scope, hit.limit) not in shadow))
     hits = merge_hits(joined)  # once here, so the storages need not check per request
+    # The headers report the enforced limits; a plan of shadow limits alone (a trial of
+    # the whole tier, like global shadow mode) reports them all: seeing them is the point.
+    reported = [hit for hit in hits if (hit.scope, hit.limit) not in shadow] or list(hits)
     names: dict[PolicyKey, str] = {}
-    taken: set[str] = set()
-    for hit in hits:
+    taken: set[str] = set()  # as written in a header, where two names must not meet
+    for hit in reported:
         slot = (hit.scope, hit.limit)
         if slot in names:
             continue
-        base = name = policy_name(hit.limit.name)
+        base = name = hit.limit.name
         n = 1
-        while name in taken:
+        while (written := policy_name(name)) in taken:
             n += 1
             name = f"{base}-{n}"
-        taken.add(name)
+        taken.add(written)
         names[slot] = name
-    named = [(names[(hit.scope, hit.limit)], hit.limit) for hit in hits]
+    named = [(names[(hit.scope, hit.limit)], hit.limit) for hit in reported]
     return Plan(tier, route, hits, enforced, frozenset(shadow), names, tuple(fmt.static(named)),
                 tier.concurrency is not None, _clash(joined))
 

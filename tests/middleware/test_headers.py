@@ -5,10 +5,11 @@ from __future__ import annotations
 import base64
 import math
 import re
+from collections.abc import AsyncIterator
 
 import pytest
 
-from ratelimit_mw import ConfigError, Hit, Limit, MemoryStorage
+from ratelimit_mw import ConfigError, Hit, Limit, MemoryStorage, RedisStorage, Storage
 from ratelimit_mw.headers import HeaderFormat, parse_header_style, retry_after_value
 from ratelimit_mw.tiers import Tier
 from tests.conftest import FakeClock
@@ -170,3 +171,106 @@ async def test_the_reported_decision_is_the_one_the_headers_name(memory: MemoryS
     assert verdict.binding is not None and verdict.binding.policy == rate.limit
     headers = dict(HeaderFormat("legacy").dynamic(verdict, {}, 1_700_000_000.0))
     assert headers[b"x-ratelimit-remaining"] == b"4"
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def storage(request: pytest.FixtureRequest, clock: FakeClock) -> AsyncIterator[Storage]:
+    """Memory storage on the fake clock, or Redis (on its own clock)."""
+    if request.param == "memory":
+        yield MemoryStorage(clock=clock)
+        return
+    redis = RedisStorage.from_url(request.getfixturevalue("redis_url"),
+                                  prefix=request.getfixturevalue("redis_prefix"))
+    yield redis
+    await redis.close()
+
+
+def _trial_tier() -> Tier:
+    """An enforced 10/minute beside a 2/minute shadow limit being tried out."""
+    return Tier("t", [Limit.parse("10/minute", "fixed_window", name="enforced"),
+                      Limit.parse("2/minute", "fixed_window", name="trial")], shadow=["trial"])
+
+
+def _without_resets(headers: dict[str, str]) -> dict[str, str]:
+    """``headers`` with every reset time replaced by ``N`` (Redis keeps its own clock)."""
+    return {k: re.sub(r"(reset=|;t=)\d+", r"\1N", v) for k, v in headers.items()
+            if not k.endswith("-reset")}
+
+
+@pytest.mark.parametrize(("style", "expected"), [
+    ("legacy", {"x-ratelimit-limit": "10", "x-ratelimit-remaining": "6",
+                "x-ratelimit-policy": '10;w=60;comment="per minute"'}),
+    ("draft-6", {"ratelimit-limit": "10", "ratelimit-remaining": "6",
+                 "ratelimit-policy": "10;w=60"}),
+    ("draft-7", {"ratelimit": "limit=10, remaining=6, reset=N", "ratelimit-policy": "10;w=60"}),
+    ("draft-11", {"ratelimit-policy": '"enforced";q=10;w=60', "ratelimit": '"enforced";r=6;t=N'}),
+])
+async def test_admitted_responses_leave_shadow_limits_out(
+    style: str, expected: dict[str, str], storage: Storage, clock: FakeClock,
+) -> None:
+    """An admitted response reports the enforced limit, not a shadow limit it has run
+    out of: a client must not pace itself by a limit that holds nobody back."""
+    app = make_app(tiers=[_trial_tier()], storage=storage, clock=clock, header_style=style)
+    async with client_for(app) as client:
+        responses = [await client.get("/") for _ in range(4)]
+    assert [r.status_code for r in responses] == [200] * 4
+    assert _without_resets(_rate_headers(responses[-1])) == expected
+
+
+async def test_refused_responses_leave_shadow_limits_out(
+    storage: Storage, clock: FakeClock,
+) -> None:
+    """A 429 names the enforced limit that refused it, in RateLimit as in RateLimit-Policy."""
+    app = make_app(tiers=[_trial_tier()], storage=storage, clock=clock,
+                   header_style="draft-11")
+    async with client_for(app) as client:
+        responses = [await client.get("/") for _ in range(11)]
+    assert responses[-1].status_code == 429
+    assert _without_resets(_rate_headers(responses[-1])) == {
+        "ratelimit-policy": '"enforced";q=10;w=60', "ratelimit": '"enforced";r=0;t=N',
+        "retry-after": responses[-1].headers["retry-after"]}
+
+
+async def test_global_shadow_mode_reports_what_enforcing_would(
+    clock: FakeClock, memory: MemoryStorage,
+) -> None:
+    """In shadow mode the headers are those the same limits give once enforced: a tier's
+    shadow limits stay out, as they would then."""
+    app = make_app(tiers=[_trial_tier()], storage=memory, clock=clock,
+                   header_style="draft-11", shadow=True)
+    async with client_for(app) as client:
+        responses = [await client.get("/") for _ in range(2)]
+    assert responses[-1].headers["ratelimit-policy"] == '"enforced";q=10;w=60'
+    assert responses[-1].headers["ratelimit"] == '"enforced";r=8;t=40'
+
+
+async def test_a_tier_of_shadow_limits_alone_reports_them(
+    clock: FakeClock, memory: MemoryStorage,
+) -> None:
+    """When every limit is a shadow limit (a whole tier on trial), the headers report them
+    all, as global shadow mode does: nothing is enforced, and seeing them is the point."""
+    tier = Tier("t", [Limit.parse("2/minute", "fixed_window", name="trial")], shadow=["trial"])
+    app = make_app(tiers=[tier], storage=memory, clock=clock, header_style="legacy+draft-11")
+    async with client_for(app) as client:
+        responses = [await client.get("/") for _ in range(3)]
+    assert [r.status_code for r in responses] == [200] * 3
+    assert _rate_headers(responses[-1]) == {
+        "ratelimit-policy": '"trial";q=2;w=60', "ratelimit": '"trial";r=0;t=40',
+        "x-ratelimit-limit": "2", "x-ratelimit-remaining": "0",
+        "x-ratelimit-reset": str(RESET_EPOCH), "x-ratelimit-policy": '2;w=60;comment="per minute"'}
+
+
+async def test_policy_names_are_escaped_once(clock: FakeClock, memory: MemoryStorage) -> None:
+    """A policy name with a quote or a backslash is one RFC 9651 string, the same in
+    RateLimit-Policy and RateLimit, and the 429's violated-policies name it as configured."""
+    tier = Tier("t", [Limit.parse("1/minute", "fixed_window", name='say "hi"'),
+                      Limit.parse("5/hour", "fixed_window", name="C:\\api")])
+    app = make_app(tiers=[tier], storage=memory, clock=clock, header_style="draft-11",
+                   response_format="problem+json")
+    async with client_for(app) as client:
+        await client.get("/")
+        denied = await client.get("/")
+    assert denied.status_code == 429
+    assert denied.headers["ratelimit-policy"] == '"say \\"hi\\"";q=1;w=60,"C:\\\\api";q=5;w=3600'
+    assert denied.headers["ratelimit"] == '"say \\"hi\\"";r=0;t=40,"C:\\\\api";r=4;t=2800'
+    assert denied.json()["violated-policies"] == ['say "hi"']

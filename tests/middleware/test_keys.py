@@ -47,6 +47,12 @@ def scope_from(peer: str | None, headers: list[tuple[str, str]] = ()) -> dict[st
     ([], "::ffff:192.0.2.1", [], "ip:192.0.2.1"),
     # No client at all (a unix socket).
     ([], None, [], "ip:-"),
+    # A dual-stack socket shows the IPv4 proxy as ::ffff:127.0.0.1: still the proxy.
+    (["127.0.0.1"], "::ffff:127.0.0.1", [("X-Forwarded-For", "192.0.2.1")], "ip:192.0.2.1"),
+    (["10.0.0.0/8"], "10.0.0.1", [("X-Forwarded-For", "192.0.2.9, ::ffff:10.0.0.2")],
+     "ip:192.0.2.9"),
+    # Obfuscated identifiers are RFC 7239's, not X-Forwarded-For's.
+    (["10.0.0.1"], "10.0.0.1", [("X-Forwarded-For", "_client-a")], "ip:10.0.0.1"),
 ])
 def test_client_ip(trusted: list[str], peer: str | None, headers: list[tuple[str, str]],
                    expected: str) -> None:
@@ -62,11 +68,51 @@ def test_client_ip(trusted: list[str], peer: str | None, headers: list[tuple[str
     # Garbage from a trusted proxy stops the walk at the last hop we believe.
     ("for", "ip:10.0.0.1"),
     ("for=unknown", "ip:10.0.0.1"),
+    # An IPv4-mapped hop is its IPv4 address, here the trusted proxy.
+    ('for=192.0.2.9, for="[::ffff:10.0.0.1]"', "ip:192.0.2.9"),
+    # ',' and ';' inside a quoted-string (which a client's Host can fill) split nothing.
+    ('for=192.0.2.60;host="example.com,for=6.6.6.6"', "ip:192.0.2.60"),
+    ('for=192.0.2.61;host="a;for=7.7.7.7"', "ip:192.0.2.61"),
+    ('for="[2001:db8::1]:4711";proto=https;host="x,y"', "ip:2001:db8::/64"),
+    ('for=192.0.2.62;host="a\\",for=6.6.6.6"', "ip:192.0.2.62"),
+    ('for="192.0.2.\\63"', "ip:192.0.2.63"),
+    # A malformed element (an unbalanced quote, text after one) stops the walk.
+    ('for=6.6.6.6;host="a, for=192.0.2.64', "ip:10.0.0.1"),
+    ('for=6.6.6.6;host="a,"b, for=192.0.2.65', "ip:10.0.0.1"),
+    # RFC 7239 section 6.3: an obfuscated node is a client of its own; "unknown" is not.
+    ("for=_client-a", "ip:_client-a"),
+    ('for="_hidden:_port"', "ip:_hidden"),
+    ("for=_hidden, for=10.0.0.1", "ip:_hidden"),
+    ("for=_", "ip:10.0.0.1"),
+    ("for=_no!", "ip:10.0.0.1"),
 ])
 def test_client_ip_from_forwarded(value: str, expected: str) -> None:
     """Behind proxies that set ``Forwarded``: its ``for=`` nodes, right to left."""
     client_ip = ClientIP(["10.0.0.1"], forwarded_header="Forwarded")
     assert client_ip(scope_from("10.0.0.1", [("Forwarded", value)])) == expected
+
+
+@pytest.mark.parametrize("value", [
+    '"' * 10_000,
+    'for="' + "a" * 10_000,
+    'for=192.0.2.1;host="\\' * 3_000,
+    'for=6.6.6.6;host="\xff\xe9,", for=\xff\xe9',
+    'for="' + "\\" * 10_000,
+    # More pairs than 32 hops carry, with separators in quoted-strings: not read to the end.
+    'x=",";' + ";" * 10_000 + "for=6.6.6.6",
+    'for=192.0.2.1;host="x,y", ' * 1_000 + "for=6.6.6.6",
+])
+def test_hostile_forwarded_headers_key_by_the_proxy(value: str) -> None:
+    """A long, unbalanced or non-ASCII Forwarded header never raises: it keys the
+    request by the last hop believed, the proxy."""
+    client_ip = ClientIP(["10.0.0.1"], forwarded_header="forwarded")
+    assert client_ip(scope_from("10.0.0.1", [("Forwarded", value)])) == "ip:10.0.0.1"
+
+
+def test_an_ipv4_mapped_trusted_proxy_does_not_warn(caplog: pytest.LogCaptureFixture) -> None:
+    """The trusted 127.0.0.1, seen as ::ffff:127.0.0.1, is no untrusted peer to warn of."""
+    ClientIP(["127.0.0.1"])(scope_from("::ffff:127.0.0.1", [("X-Forwarded-For", "192.0.2.1")]))
+    assert "not a trusted proxy" not in caplog.text
 
 
 @pytest.mark.parametrize(("header", "expected"), [
@@ -164,15 +210,24 @@ async def test_spoofed_forwarded_for_does_not_change_the_key(
     assert codes == [200, 200, 429, 429]
 
 
+@pytest.mark.parametrize(("trusted", "peer", "header", "values"), [
+    ("10.0.0.1", "10.0.0.1", "x-forwarded-for", ["1.1.1.1", "2.2.2.2", "1.1.1.1"]),
+    # A dual-stack socket shows the proxy at 127.0.0.1 as ::ffff:127.0.0.1.
+    (["127.0.0.1"], "::ffff:127.0.0.1", "x-forwarded-for",
+     ["192.0.2.1", "192.0.2.2", "192.0.2.1"]),
+    # A proxy that hides addresses behind RFC 7239 obfuscated nodes.
+    (["10.0.0.1"], "10.0.0.1", "forwarded", ["for=_client-a", "for=_client-b", "for=_client-a"]),
+])
 async def test_trusted_proxy_forwards_distinct_clients(
+    trusted: str | list[str], peer: str, header: str, values: list[str],
     clock: FakeClock, memory: MemoryStorage,
 ) -> None:
     """Behind a trusted proxy each forwarded client has its own quota."""
     app = make_app(tiers=[Tier("t", "1/minute")], storage=memory, clock=clock,
-                   trusted_proxies="10.0.0.1")
-    async with client_for(app, ("10.0.0.1", 5)) as proxy:
-        codes = [(await proxy.get("/", headers={"x-forwarded-for": ip})).status_code
-                 for ip in ["1.1.1.1", "2.2.2.2", "1.1.1.1"]]
+                   trusted_proxies=trusted, forwarded_header=header)
+    async with client_for(app, (peer, 5)) as proxy:
+        codes = [(await proxy.get("/", headers={header: value})).status_code
+                 for value in values]
     assert codes == [200, 200, 429]
 
 

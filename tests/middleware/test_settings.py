@@ -176,7 +176,7 @@ async def test_middleware_reads_toml_settings(
     async with client_for(app) as client:
         response = await client.get("/")
     assert response.headers["ratelimit-policy"] == (
-        '"burst";q=20;w=60,"daily";q=1000;w=86400,"concurrent";q=4;qu="concurrent-requests"')
+        '"burst";q=20;w=60,"concurrent";q=4;qu="concurrent-requests"')
 
 
 def test_partition_key_needs_draft11() -> None:
