@@ -217,6 +217,9 @@ class RateLimitMiddleware:
         self._frees_at_once: MemoryStorage | RedisStorage | None = (
             self._local if self._local is not None else self._gives_back)
         self._routes = RouteTable(app, [*settings.build_routes(), *rules], settings.exempt_paths)
+        for pattern in self._routes.unreachable():
+            _log.warning("ratelimit_mw: the route pattern %r matches no route of the app; "
+                         "its limits or exemption never apply", pattern)
         # The table's own cache, read here first: RouteTable is interpreted code, and a
         # call into it costs more than the look-up.
         self._route_cache: dict[tuple[str, ...], RouteSpec] = self._routes.cache
@@ -486,7 +489,7 @@ class RateLimitMiddleware:
         closed = guard.mode == "closed" and not self._shadow
         if verdict is None:
             return self._finish(key, plan, None, source, closed, now)
-        if not verdict.allowed and not self._shadow and plan.shadow_only(verdict):
+        if not verdict.allowed and plan.shadow_only(verdict):
             # A denial consumes nothing: without a second call, a request let through by
             # a shadow limit would not count against the limits that do block.
             enforced, source = await guard.decide(key, plan.enforced, usage=self._usage)
@@ -509,7 +512,7 @@ class RateLimitMiddleware:
         """The decision on memory storage, which never awaits."""
         local: MemoryStorage = self._local  # type: ignore[assignment]
         verdict = local.decide_now(key, plan.hits, usage=self._usage)
-        if not verdict.allowed and not self._shadow and plan.shadow_only(verdict):
+        if not verdict.allowed and plan.shadow_only(verdict):
             verdict = _with_shadowed(
                 plan, verdict, local.decide_now(key, plan.enforced, usage=self._usage))
         seen = verdict

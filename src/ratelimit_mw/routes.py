@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from starlette.routing import Match
+from starlette.routing import Match, compile_path
 from starlette.types import ASGIApp, Scope
 
 from .errors import ConfigError
@@ -394,6 +394,17 @@ class RouteTable:
                 marks, is_exempt, route_cost = _endpoint_marks(route, method)
                 yield _spec(path, marks, (), is_exempt, route_cost, _methods(route, method))
 
+    def unreachable(self) -> list[str]:
+        """The rules' and exempt paths' patterns that no route of the app can match (a
+        typo, a trailing slash the routes don't have): named in a start-up warning."""
+        if self._router is None:
+            return []
+        shapes = list(_shapes(self._router.routes))
+        if not shapes:
+            return []
+        return [rule.path for rule in (*self.rules, *self.exempt_rules)
+                if not any(_could_match(rule, path, below) for path, below in shapes)]
+
     def resolve(self, scope: Scope) -> RouteSpec:
         """The spec of this request's route (cached per method and path)."""
         slot: tuple[str, ...] = (scope["method"], scope["path"])
@@ -419,6 +430,38 @@ class RouteTable:
         label, route = found
         marks, is_exempt, route_cost = _endpoint_marks(route, method)
         return _spec(label, marks, rules, is_exempt, route_cost, _methods(route, method))
+
+
+def _shapes(routes: Iterable[Any], prefix: str = "", depth: int = 0,
+            ) -> Iterator[tuple[str, bool]]:
+    """``(path template, below)`` of every route; ``below``: a mount of an app that has
+    no routes of its own, which answers any path below it."""
+    for route in routes:
+        own = getattr(route, "path", "")
+        path = prefix + (own if isinstance(own, str) else "")
+        children = _children(route)
+        if children and depth < 10:
+            yield from _shapes(children, path, depth + 1)
+        else:
+            yield path, children is not None
+
+
+_PARAM = re.compile(r"\{[^}]*\}|\*")
+
+
+def _could_match(rule: RouteRule, path: str, below: bool) -> bool:
+    """Whether some request could match both ``rule`` and a route of ``path``."""
+    sample = _PARAM.sub("x", rule.path)  # a path the rule matches
+    if below:
+        return sample.startswith(path.rstrip("/") + "/") or bool(
+            rule.pattern.fullmatch(path.rstrip("/") + "/x"))
+    if rule.pattern.fullmatch(_PARAM.sub("x", path)):  # a path the route matches
+        return True
+    try:
+        regex = compile_path(path)[0]
+    except (AssertionError, ValueError):  # not a path Starlette would take: don't judge
+        return True
+    return bool(regex.match(sample))
 
 
 def _host(scope: Scope) -> str:

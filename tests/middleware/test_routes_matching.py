@@ -241,3 +241,27 @@ def test_path_patterns() -> None:
     assert not RouteRule("/files/{name}", limits="1/minute").matches("GET", "/files/a/b.txt")
     with pytest.raises(ConfigError, match=r"white space.*'/health /metrics'"):
         RouteRule("/health /metrics", exempt=True)
+
+
+def test_patterns_that_match_no_route_are_named_at_start_up(
+    memory: MemoryStorage, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A typo, or a trailing slash the routes don't have: a warning names each rule
+    or exempt path no route can match; those that can match are not named."""
+    import logging
+
+    static = Starlette()  # mounted, without routes of its own: anything below it
+    app = Starlette(routes=[Route("/search", ok), Route("/items", ok),
+                            Route("/files/{path:path}", ok), Route("/users/{id}", ok),
+                            Mount("/static", app=static)])
+    rules = [RouteRule("/serach", limits="1/minute"), RouteRule("/items/", limits="1/minute"),
+             RouteRule("/files/*", limits="1/minute"), RouteRule("/users/42", limits="1/minute"),
+             RouteRule("/users/{uid}", limits="1/minute"),
+             RouteRule("/static/app.js", limits="1/minute")]
+    with caplog.at_level(logging.WARNING, logger="ratelimit_mw"):
+        RateLimitMiddleware(app.router, tiers=TIER, storage=memory, rules=rules,
+                            exempt_paths=["/health", "/search"])
+    named = [message for message in caplog.messages if "matches no route" in message]
+    assert sorted(named) == sorted(
+        f"ratelimit_mw: the route pattern {p!r} matches no route of the app; its limits or "
+        f"exemption never apply" for p in ("/serach", "/items/", "/health"))

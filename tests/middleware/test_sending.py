@@ -129,3 +129,24 @@ async def test_a_cached_denial_never_points_earlier_than_the_real_wait(
         cached = await client.get("/")
     assert cached.status_code == 429
     assert int(cached.headers["retry-after"]) >= 10 - 8.5
+
+
+class _Awaited(MemoryStorage):
+    """Memory storage decided the way any other storage is (awaited, through the guard)."""
+
+    async def decide(self, key: str, hits: Any, **options: Any) -> Any:
+        return await super().decide(key, hits, **options)
+
+
+@pytest.mark.parametrize("kind", [MemoryStorage, _Awaited])
+async def test_global_shadow_mode_counts_what_enforcing_would(
+    clock: FakeClock, kind: type[MemoryStorage],
+) -> None:
+    """In shadow mode, a request only a shadow limit denies still counts on the limits
+    that would be enforced (a second call, as without shadow mode), so the headers say
+    what enforcing them would."""
+    app = make_app(tiers=_shadowed_tier(), storage=kind(clock=clock), clock=clock, shadow=True)
+    async with client_for(app) as client:
+        responses = [await client.get("/") for _ in range(3)]
+    assert [r.status_code for r in responses] == [200, 200, 200]
+    assert [r.headers["x-ratelimit-remaining"] for r in responses] == ["1", "0", "0"]
