@@ -804,6 +804,8 @@ _OURS = frozenset((
     b"ratelimit", b"ratelimit-policy", b"ratelimit-limit", b"ratelimit-remaining",
     b"ratelimit-reset", b"retry-after"))
 """Every header name the middleware may add to a response."""
+_OUR_INITIALS = frozenset(b"xXrR")
+"""Their first letters, either case, as the ints a name's first byte reads as."""
 
 
 def _with_headers(message: Message, headers: list[Header]) -> Message:
@@ -812,7 +814,8 @@ def _with_headers(message: Message, headers: list[Header]) -> Message:
     A copy: whoever sent the message may keep it (as a record of the response)."""
     own = message.get("headers", ())
     for name, _ in own:
-        if name.lower() in _OURS:
+        # The first letter first: most names go by without a lower-cased copy or a hash.
+        if name and name[0] in _OUR_INITIALS and name.lower() in _OURS:
             names = {name.lower() for name, _ in own}
             headers = [header for header in headers if header[0] not in names]
             break
