@@ -8,6 +8,7 @@ in a bounded cache.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from .tiers import as_limits
 __all__ = ["RouteLimit", "RouteRule", "RouteSpec", "RouteTable", "cost", "exempt", "limit"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+_log = logging.getLogger("ratelimit_mw")
 _LIMITS = "__ratelimit_limits__"
 _EXEMPT = "__ratelimit_exempt__"
 _COST = "__ratelimit_cost__"
@@ -117,6 +119,11 @@ def cost(amount: int) -> Callable[[F], F]:
     return mark
 
 
+_KNOWN_METHODS = frozenset((
+    "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT", "QUERY",
+    "PROPFIND", "PROPPATCH", "MKCOL", "COPY", "MOVE", "LOCK", "UNLOCK", "REPORT", "SEARCH"))
+
+
 @dataclass(frozen=True, slots=True)
 class RouteRule:
     """Limits for paths that match ``path`` (``*``: anything, ``{name}``: one segment),
@@ -150,6 +157,10 @@ class RouteRule:
             if not isinstance(name, str) or not is_token(name):
                 msg = f"route {self.path!r}: {name!r} is not an HTTP method (e.g. 'GET')"
                 raise ConfigError(msg)
+            if name not in _KNOWN_METHODS:
+                _log.warning("ratelimit_mw: route %r: %r is no method HTTP or WebDAV defines "
+                             "(a typo?); the rule applies only to requests of that method",
+                             self.path, name)
         object.__setattr__(self, "methods", names)
         object.__setattr__(self, "limits", as_limits(self.limits))
         object.__setattr__(self, "cost", _check_cost(self.cost))

@@ -265,3 +265,14 @@ def test_patterns_that_match_no_route_are_named_at_start_up(
     assert sorted(named) == sorted(
         f"ratelimit_mw: the route pattern {p!r} matches no route of the app; its limits or "
         f"exemption never apply" for p in ("/serach", "/items/", "/health"))
+
+
+def test_a_method_no_standard_defines_is_named(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="ratelimit_mw"):
+        RouteRule("/search", methods=["GTE"], limits="1/minute")
+        RouteRule("/dav", methods=["PROPFIND", "get"], limits="1/minute")
+    assert [m for m in caplog.messages if "no method" in m] == [
+        "ratelimit_mw: route '/search': 'GTE' is no method HTTP or WebDAV defines (a typo?); "
+        "the rule applies only to requests of that method"]
