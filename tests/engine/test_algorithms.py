@@ -87,6 +87,23 @@ def test_gcra_keeps_the_rate_exactly(rate: str, burst: int) -> None:
             assert due <= at <= due + n * limit.period_us / limit.amount * 3e-4 + 1, n
 
 
+@settings(max_examples=2000, deadline=None)
+@given(st.integers(1, 10**12), st.integers(1, 10 * 365 * 86400 * S), st.integers(1, 10**12))
+def test_gcra_ticks_keep_every_sum_exact_in_doubles(
+    amount: int, period: int, capacity: int,
+) -> None:
+    """For every limit allowed (a refill of ten years at most), the tolerance spans at
+    most 2**52 ticks: a sum of two such stays exact in Lua's doubles."""
+    from ratelimit_mw.algorithms.gcra import EXACT, ticks
+
+    if capacity * period > 10 * 365 * 86400 * S * amount:
+        return
+    per_us, interval = ticks(amount, period, capacity)
+    assert per_us >= 1
+    assert interval * capacity <= EXACT
+    assert interval * amount >= period * per_us  # the pace is never above the rate
+
+
 def test_token_bucket_table() -> None:
     """A bucket of 3 refilled at 1 token per 2 s: burst, then the sustained pace."""
     run_table(Limit.parse("1/2 seconds", "token_bucket", burst=3), [

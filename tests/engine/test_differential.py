@@ -152,10 +152,46 @@ async def test_gcra_counts_fractions_of_a_microsecond_alike(
         await redis_storage.close()
 
 
+async def test_gcra_with_coarser_ticks_stays_exact_near_its_capacity(
+    redis_url: str, redis_prefix: str,
+) -> None:
+    """A tolerance too long for exact ticks, and a cost just short of the capacity on a
+    full bucket: every sum stays exact in Lua's doubles, so Redis and memory agree and
+    waiting exactly retry_after admits (the interval rounded up once pushed the sums
+    past 2**53, and Redis's wait came a microsecond early)."""
+    limit = Limit.parse("494300432/day", "gcra", burst=920165305740)
+    rng = random.Random(3)
+    for trial in range(30):
+        clock = FakeClock(1_700_000_000 + trial * 1000)
+        memory = MemoryStorage(clock=clock)
+        redis_storage = RedisStorage.from_url(redis_url, prefix=f"{redis_prefix}{trial}:",
+                                              clock=clock)
+        try:
+            for storage in (memory, redis_storage):
+                assert (await storage.decide("k", [Hit(limit, limit.capacity)])).allowed
+            clock.advance(rng.randrange(0, 10**6) / 1e6)
+            cost = limit.capacity - rng.randrange(0, 10**6)
+            start = clock.now
+            waits = []
+            for storage in (memory, redis_storage):
+                clock.now = start
+                denied = await storage.decide("k", [Hit(limit, cost)])
+                wait = round(denied.retry_after * 1e6)
+                clock.now = start + (wait - 1) / 1e6
+                assert not (await storage.decide("k", [Hit(limit, cost)])).allowed
+                clock.now = start + wait / 1e6
+                assert (await storage.decide("k", [Hit(limit, cost)])).allowed
+                waits.append(wait)
+            assert waits[0] == waits[1]
+        finally:
+            await redis_storage.close()
+
+
 async def test_gcra_reads_the_state_earlier_versions_wrote(
     redis_url: str, redis_prefix: str,
 ) -> None:
-    """A TAT stored as whole microseconds (before fractions were kept) still counts."""
+    """A TAT stored as whole microseconds (before fractions were kept) still counts, and
+    the state written now is one such a version reads."""
     import redis.asyncio as aioredis
 
     from ratelimit_mw.storage.keys import redis_key
@@ -172,6 +208,10 @@ async def test_gcra_reads_the_state_earlier_versions_wrote(
         assert verdict.retry_after == 1.0
         clock.advance(1.0)
         assert (await redis_storage.decide("k", [Hit(limit)])).allowed
+        # What is written now reads as a number of microseconds (what an earlier
+        # version, during a rolling deploy, takes it for): the TAT, less than one off.
+        stored = await raw.get(redis_key(redis_prefix, "k", "", limit.uid))
+        assert abs(float(stored) - (clock.now + 2.0) * 1_000_000) < 1
     finally:
         await redis_storage.close()
         await raw.aclose()

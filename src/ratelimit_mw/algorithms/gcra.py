@@ -1,7 +1,8 @@
 """Leaky bucket as GCRA (the generic cell rate algorithm of redis-cell and throttled).
 
 State: the theoretical arrival time (TAT) as ``(us, ticks)``, microseconds and a
-fraction of the next one. Each unit advances it by the emission interval
+fraction of the next one (in Redis ``"us.ticks"``, which a version before ticks reads
+as microseconds, less than one off). Each unit advances it by the emission interval
 ``T = period / amount``; up to ``capacity`` units may arrive at once (the tolerance
 ``tau = T * capacity``). ``T`` is seldom a whole number of microseconds (300 000 a
 second is 3⅓ µs), so time is counted in ticks, ``1 / per_us`` of a microsecond, in
@@ -33,7 +34,10 @@ def ticks(amount: int, period: int, capacity: int) -> tuple[int, int]:
     per_us, interval = amount // common, period // common
     if interval * capacity <= EXACT:
         return per_us, interval
-    per_us = math.floor(EXACT / max(float(period) * capacity / amount, float(period)))
+    # A budget short of EXACT by twice the capacity: rounding the interval up adds at
+    # most a tick per unit of the tolerance, and the float division a little more.
+    per_us = math.floor((EXACT - 2 * capacity) / max(float(period) * capacity / amount,
+                                                     float(period)))
     return per_us, ceil_div(period * per_us, amount)
 
 

@@ -1,6 +1,7 @@
 -- units: time in microseconds (and ticks: see ticks), amounts in requests.
 -- Twin of algorithms/gcra.py. State: string, the theoretical arrival time (TAT),
--- "us:ticks" (a plain "us", as earlier versions wrote, reads as no ticks).
+-- "us.ticks" (ticks a whole number: an earlier version, which wrote a plain "us", reads
+-- it as microseconds, less than one off; a plain "us" reads as no ticks).
 local function gcra_ticks(amount, period, capacity)
   local a, b = period, amount
   while b > 0 do a, b = b, imod(a, b) end
@@ -8,7 +9,8 @@ local function gcra_ticks(amount, period, capacity)
   if interval * capacity <= 4503599627370496 then  -- EXACT, 2^52
     return per_us, interval
   end
-  per_us = math.floor(4503599627370496 / math.max(period * capacity / amount, period))
+  per_us = math.floor((4503599627370496 - 2 * capacity) / math.max(period * capacity / amount,
+                                                                   period))
   return per_us, -idiv(-(period * per_us), amount)
 end
 
@@ -18,10 +20,10 @@ ALGORITHMS.gcra = function(key, now, amount, period, capacity, cost)
   local ahead = 0
   local stored = redis.call("GET", key)
   if stored then
-    local colon = string.find(stored, ":", 1, true)
+    local dot = string.find(stored, ".", 1, true)
     local us, part
-    if colon then
-      us, part = tonumber(string.sub(stored, 1, colon - 1)), tonumber(string.sub(stored, colon + 1))
+    if dot then
+      us, part = tonumber(string.sub(stored, 1, dot - 1)), tonumber(string.sub(stored, dot + 1))
     else
       us, part = tonumber(stored), 0
     end
@@ -41,7 +43,7 @@ ALGORITHMS.gcra = function(key, now, amount, period, capacity, cost)
     return true, remaining, reset, 0
   end
   return true, idiv(-late, interval), -idiv(-new_ahead, per_us), 0, function(ttl_ms)
-    redis.call("SET", key, fmt(now + idiv(new_ahead, per_us)) .. ":" .. fmt(imod(new_ahead, per_us)),
+    redis.call("SET", key, fmt(now + idiv(new_ahead, per_us)) .. "." .. fmt(imod(new_ahead, per_us)),
       "PX", ttl_ms)
   end
 end
