@@ -266,3 +266,94 @@ def test_bad_failure_status_is_refused(breaker: CircuitBreaker, status: object) 
     """failure_status must be an HTTP status code."""
     with pytest.raises(ConfigError, match="failure_status"):
         BreakerGuard(Handler().endpoint, breaker, failure_status=status)  # type: ignore[arg-type]
+
+
+async def test_an_error_while_streaming_counts_as_a_failure(breaker: CircuitBreaker) -> None:
+    """A response that starts 200 and fails mid-stream is a failed call: counted when
+    the app ends, not when the response starts."""
+    from starlette.responses import StreamingResponse
+
+    async def endpoint(request: Request) -> Response:
+        async def chunks() -> Any:
+            yield b"first"
+            raise ConnectionError("upstream dropped mid-stream")
+
+        return StreamingResponse(chunks())
+
+    app = Starlette(routes=[Route("/feed", endpoint)],
+                    middleware=[Middleware(BreakerGuard, breaker=breaker)])
+    async with client_for(app) as client:
+        for _ in range(4):
+            await client.get("/feed")
+    assert state_of(breaker) is CircuitState.OPEN
+
+
+async def test_a_refusal_inside_is_not_the_outer_guards_failure(
+    breaker: CircuitBreaker, clock: FakeClock,
+) -> None:
+    """An app-wide guard around a route whose own breaker refuses (breaker_dependency's
+    503, an inner guard's 503, a CircuitOpenError raised through call()): nothing was
+    tried, so the app's breaker counts nothing and the app's other routes stay up."""
+    from ratelimit_mw.guard import circuit_open_handler
+
+    db = CircuitBreaker(name="inner-db", window_size=2, minimum_calls=2, cooldown=60,
+                        clock=clock)
+    for _ in range(2):
+        db.acquire().record_failure()
+    assert state_of(db) is CircuitState.OPEN
+
+    async def fetch() -> None:
+        return None
+
+    app = FastAPI()
+    app.add_middleware(BreakerGuard, breaker=breaker)
+    app.add_exception_handler(CircuitOpenError, circuit_open_handler)
+
+    @app.get("/orders", dependencies=[Depends(breaker_dependency(db))])
+    async def orders() -> None:
+        return None
+
+    @app.get("/direct")
+    async def direct() -> None:
+        await db.call(fetch)  # refused: CircuitOpenError, answered by the handler
+
+    @app.get("/ok")
+    async def ok() -> dict[str, str]:
+        return {"ok": "yes"}
+
+    async with client_for(app) as client:
+        refused = [(await client.get(path)).status_code for path in ["/orders", "/direct"] * 3]
+        after = await client.get("/ok")
+    assert refused == [503] * 6
+    assert after.status_code == 200
+    assert state_of(breaker) is CircuitState.CLOSED
+    assert "0/1 calls failed" in repr(breaker)  # /ok, and nothing else
+
+
+async def test_call_inside_call_gives_the_outer_permit_back(clock: FakeClock) -> None:
+    """``outer.call(f)`` where ``f`` is refused by an open inner breaker: the outer
+    breaker counts nothing (it opened after two such calls)."""
+    outer = CircuitBreaker(name="service", window_size=2, minimum_calls=2, clock=clock)
+    inner = CircuitBreaker(name="db", window_size=2, minimum_calls=2, clock=clock)
+    for _ in range(2):
+        inner.acquire().record_failure()
+
+    async def handler() -> None:
+        async def query() -> None:
+            return None
+        await inner.call(query)
+
+    for _ in range(3):
+        with pytest.raises(CircuitOpenError):
+            await outer.call(handler)
+    assert state_of(outer) is CircuitState.CLOSED
+
+
+@pytest.mark.parametrize(("options", "match"), [
+    ({"failure_exceptions": ()}, "no call could ever count as a failure"),
+    ({"slow_call_rate_threshold": 50}, "needs slow_call_duration"),
+])
+def test_settings_that_do_nothing_are_refused(options: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        CircuitBreaker(**options)
+    CircuitBreaker(failure_exceptions=(), is_failure_result=lambda result: result is None)

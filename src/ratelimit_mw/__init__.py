@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from .errors import ConfigError, RateLimitError, StorageError
     from .events import DecisionEvent
     from .failure import FailureStats
-    from .guard import BreakerGuard, breaker_dependency
+    from .guard import BreakerGuard, breaker_dependency, circuit_open_handler
     from .idempotency import (
         IdempotencyMiddleware,
         IdempotencyStore,
@@ -78,6 +78,7 @@ _EXPORTS = {
     "UsageRetention": "storage.base",
     "Verdict": "decision",
     "breaker_dependency": "guard",
+    "circuit_open_handler": "guard",
     "cost": "routes",
     "exempt": "routes",
     "limit": "routes",
@@ -133,6 +134,7 @@ __all__ = [
     "UsageRetention",
     "Verdict",
     "breaker_dependency",
+    "circuit_open_handler",
     "cost",
     "exempt",
     "limit",

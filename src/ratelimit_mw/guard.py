@@ -12,13 +12,14 @@ import math
 from collections.abc import Awaitable, Callable
 
 from starlette.exceptions import HTTPException
-from starlette.responses import JSONResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .breaker import CircuitBreaker, CircuitOpenError, CircuitState
 from .errors import ConfigError
 
-__all__ = ["BreakerGuard", "breaker_dependency", "unavailable_response"]
+__all__ = ["BreakerGuard", "breaker_dependency", "circuit_open_handler", "unavailable_response"]
 
 
 def _retry_after(remaining: float, state: CircuitState) -> int:
@@ -66,6 +67,16 @@ def unavailable_response(error: CircuitOpenError) -> JSONResponse:
     """
     content, headers = _body(error)
     return JSONResponse(content, status_code=503, headers=headers)
+
+
+async def circuit_open_handler(request: Request, exc: Exception) -> Response:
+    """A Starlette/FastAPI exception handler for `CircuitOpenError`: the 503 of
+    `unavailable_response` (``app.add_exception_handler(CircuitOpenError,
+    circuit_open_handler)``), marked as a refusal for the guards around."""
+    if not isinstance(exc, CircuitOpenError):
+        raise exc
+    _mark_refused(request.scope)
+    return unavailable_response(exc)
 
 
 class BreakerGuard:
@@ -119,7 +130,7 @@ class BreakerGuard:
         if not self.record:
             refusal = _refusal(breaker)
             if refusal is not None:
-                await unavailable_response(refusal)(scope, receive, send)
+                await _refuse(refusal, scope, receive, send)
                 return
             await self._call_app(scope, receive, send, lambda status: None)
             return
@@ -127,23 +138,30 @@ class BreakerGuard:
         permit = breaker.try_acquire()
         if permit is None:
             error = CircuitOpenError(breaker.remaining_cooldown, breaker.name, breaker.state)
-            await unavailable_response(error)(scope, receive, send)
+            await _refuse(error, scope, receive, send)
             return
 
-        def on_status(status: int) -> None:
-            if status >= self.failure_status:
-                permit.record_failure()
-            else:
-                permit.record_success()
+        status = 0
+
+        def on_status(code: int) -> None:
+            nonlocal status
+            status = code
 
         try:
             await self._call_app(scope, receive, send, on_status)
-        except CircuitOpenError:
-            permit.release()  # another breaker refused inside: not this route's failure
-            raise
         except BaseException as exc:
-            permit.record_exception(exc)  # a cancellation (client gone) only frees the slot
+            # An error while streaming is a failure too; a cancellation (client gone)
+            # or another breaker's refusal only frees the slot.
+            permit.record_exception(exc)
             raise
+        else:
+            # Counted when the app is done, the body sent. A 503 by which a breaker
+            # inside refused (a guard, breaker_dependency) tried nothing: not counted.
+            if status and not _refused_in(scope):
+                if status >= self.failure_status:
+                    permit.record_failure()
+                else:
+                    permit.record_success()
         finally:
             permit.release()  # the app ended without a response: nothing to count
 
@@ -165,17 +183,43 @@ class BreakerGuard:
         except CircuitOpenError as exc:
             if started:
                 raise
-            await unavailable_response(exc)(scope, receive, send)
+            await _refuse(exc, scope, receive, send)
 
 
-def breaker_dependency(breaker: CircuitBreaker) -> Callable[[], Awaitable[None]]:
+_REFUSED = "ratelimit_mw.circuit_refused"
+"""Set in ``scope["state"]`` when a breaker's refusal answers the request."""
+
+
+async def _refuse(error: CircuitOpenError, scope: Scope, receive: Receive, send: Send) -> None:
+    """Answer the 503 for ``error``, marked as a refusal for the guards around."""
+    _mark_refused(scope)
+    await unavailable_response(error)(scope, receive, send)
+
+
+def _mark_refused(scope: Scope) -> None:
+    state = scope.get("state")
+    if state is None:
+        state = scope["state"] = {}
+    state[_REFUSED] = True
+
+
+def _refused_in(scope: Scope) -> bool:
+    state = scope.get("state")
+    return bool(state is not None and state.get(_REFUSED))
+
+
+def breaker_dependency(breaker: CircuitBreaker) -> Callable[[Request], Awaitable[None]]:
     """A FastAPI dependency that answers 503 while ``breaker`` refuses calls.
 
     It only looks (no trial slot is held): record outcomes where the dependency
     is called, through the breaker. The 503 is raised as an ``HTTPException``,
-    so FastAPI's handler answers ``{"detail": {...}}`` with ``Retry-After``::
+    so FastAPI's handler answers ``{"detail": {...}}`` with ``Retry-After``. The
+    breaker may still refuse the call itself (it opened meanwhile, or a request
+    beside took the one half-open trial): install the handler for that refusal,
+    or it is a 500::
 
         db = CircuitBreaker(name="db")
+        app.add_exception_handler(CircuitOpenError, circuit_open_handler)
 
         @app.get("/orders", dependencies=[Depends(breaker_dependency(db))])
         async def orders() -> list[Order]:
@@ -185,9 +229,10 @@ def breaker_dependency(breaker: CircuitBreaker) -> Callable[[], Awaitable[None]]
         msg = f"breaker must be a CircuitBreaker, got {breaker!r}"
         raise TypeError(msg)
 
-    async def check_circuit() -> None:
+    async def check_circuit(request: Request) -> None:
         refusal = _refusal(breaker)
         if refusal is not None:
+            _mark_refused(request.scope)
             content, headers = _body(refusal)
             raise HTTPException(503, detail=content, headers=headers)  # type: ignore[arg-type]
 

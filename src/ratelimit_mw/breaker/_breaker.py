@@ -63,9 +63,11 @@ class Permit:
         """The call raised ``exc``: a failure if the breaker's rules say so, else a success.
 
         A ``BaseException`` that is not an ``Exception`` (``asyncio.CancelledError``,
-        ``KeyboardInterrupt``) says nothing about the dependency: the slot is released.
+        ``KeyboardInterrupt``) says nothing about the dependency: the slot is released;
+        so does a ``CircuitOpenError`` (a breaker refused a call made inside this one:
+        nothing was tried).
         """
-        if not isinstance(exc, Exception):
+        if not isinstance(exc, Exception) or isinstance(exc, CircuitOpenError):
             self.release()
             return
         self._finish_by(self._breaker._is_failure_exception, exc)

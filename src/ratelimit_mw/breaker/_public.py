@@ -164,6 +164,16 @@ class CircuitBreaker(BreakerCore):
                 f"{failure_exceptions!r} (cancellation is never a failure)"
             )
             raise TypeError(msg)
+        if not failure_exceptions and is_failure_result is None:
+            msg = ("failure_exceptions=() and no is_failure_result: no call could ever count "
+                   "as a failure, so the breaker would never open")
+            raise ValueError(msg)
+        slow_call_rate_threshold = _check_number(
+            "slow_call_rate_threshold (percent)", slow_call_rate_threshold, low=0, high=100)
+        if slow_call_duration is None and slow_call_rate_threshold != 100.0:
+            msg = (f"slow_call_rate_threshold={slow_call_rate_threshold!r} needs "
+                   f"slow_call_duration (how long a slow call takes); without it no call is slow")
+            raise ValueError(msg)
         for label, fn in (
             ("is_failure", is_failure),
             ("is_failure_result", is_failure_result),
@@ -185,8 +195,7 @@ class CircuitBreaker(BreakerCore):
             _check_count("permitted_calls_in_half_open", permitted_calls_in_half_open),
             _check_number("probe_timeout (seconds)", probe_timeout, low=0),
             slow_call_duration,
-            _check_number(
-                "slow_call_rate_threshold (percent)", slow_call_rate_threshold, low=0, high=100),
+            slow_call_rate_threshold,
             failure_exceptions,
             is_failure,
             is_failure_result,
