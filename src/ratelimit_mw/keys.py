@@ -146,22 +146,22 @@ def _ip_key(peer: str, ipv6_prefix: int) -> str:
     return f"ip:{grouped or peer[:_MAX_TOKEN] or '-'}"
 
 
-# One forwarded-pair and the ',' or ';' after it (RFC 7239 section 4): the value a token
-# or an RFC 9110 quoted-string, inside which ',' and ';' separate nothing. Possessive, so
-# an unbalanced quote fails at once; spaces around '=' are tolerated, as before.
+# One forwarded-pair and the ';' after it (RFC 7239 section 4): the value a token or an
+# RFC 9110 quoted-string, inside which ';' separates nothing. Possessive, so an
+# unbalanced quote fails at once; spaces around '=' are tolerated, as before.
 _PAIR = re.compile(r'[ \t]*(?:([^\s=,;"]+)[ \t]*=[ \t]*'
-                   r'("[^"\\]*+(?:\\.[^"\\]*+)*+"|[^\s,;"]*))?[ \t]*([,;]|\Z)')
+                   r'("[^"\\]*+(?:\\.[^"\\]*+)*+"|[^\s,;"]*))?[ \t]*(;|\Z)')
 _QUOTED_PAIR = re.compile(r"\\(.)")
-_MAX_PAIRS = 8 * _MAX_HOPS  # read no further: a header that long and that quoted is hostile
+_MAX_PAIRS = 16  # an element has four parameters (for, by, host, proto) and few more
 # RFC 7239 section 6.3: an obfuscated node, sent instead of the address a proxy hides.
 _OBFNODE = re.compile(r"_[A-Za-z0-9._-]+")
 
 
 def _forwarded_for(value: str) -> list[str]:
-    """The ``for=`` node of each element of an RFC 7239 ``Forwarded`` header, in order
-    (``""`` for an element without one)."""
+    """The ``for=`` node of each of the last elements of an RFC 7239 ``Forwarded``
+    header, in order (``""`` for an element without one, or malformed)."""
     if '"' in value and not _splits_plainly(value):
-        return _forwarded_for_quoted(value)
+        return [_quoted_for(element) for element in _elements_from_the_right(value)]
     # The usual header: every ',' and ';' separates (none is inside a quoted-string).
     nodes = []
     for element in value.split(",")[-_MAX_HOPS:]:
@@ -184,17 +184,52 @@ def _splits_plainly(value: str) -> bool:
     return len(parts) % 2 == 1 and "," not in quoted and ";" not in quoted and "\\" not in value
 
 
-def _forwarded_for_quoted(value: str) -> list[str]:
-    """``_forwarded_for`` of a header with quoted-strings, read pair by pair. A malformed
-    element ends the list with ``""``, which stops the walk: after an unbalanced quote,
-    nothing can be told apart."""
-    nodes = []
+def _elements_from_the_right(value: str) -> list[str]:
+    """The last ``_MAX_HOPS`` elements of a header with quoted-strings, split at the
+    commas outside them, found from the right: the elements a trusted proxy appended
+    are read whatever a client put before them (an unbalanced quote, say). An element
+    with an unbalanced quote ends the list (on its left)."""
+    elements: list[str] = []
+    end = scan = len(value)
+    while len(elements) < _MAX_HOPS:
+        comma = value.rfind(",", 0, scan)
+        quote = value.rfind('"', 0, scan)
+        if quote > comma:  # a quoted-string ends after the comma: skip to its start
+            scan = _opening_quote(value, quote)
+            if scan < 0:
+                elements.append('for="')  # unbalanced: read as malformed, and no further
+                break
+            continue
+        elements.append(value[comma + 1:end])
+        if comma < 0:
+            break
+        end = scan = comma
+    elements.reverse()
+    return elements
+
+
+def _opening_quote(value: str, closing: int) -> int:
+    """Where the quoted-string that ends at ``closing`` starts (the nearest quote on the
+    left not escaped by a backslash), or -1."""
+    at = closing
+    while (at := value.rfind('"', 0, at)) >= 0:
+        escapes = 0
+        while at - escapes > 0 and value[at - escapes - 1] == "\\":
+            escapes += 1
+        if escapes % 2 == 0:
+            return at
+    return -1
+
+
+def _quoted_for(element: str) -> str:
+    """The ``for=`` node of one element with quoted-strings, read pair by pair (``""``
+    when there is none, or the element is malformed)."""
     node = ""
     pos = 0
     for _ in range(_MAX_PAIRS):
-        pair = _PAIR.match(value, pos)
+        pair = _PAIR.match(element, pos)
         if pair is None:
-            break
+            return ""
         name, token, separator = pair.groups()
         if name is not None and name.lower() == "for":
             node = token
@@ -202,14 +237,10 @@ def _forwarded_for_quoted(value: str) -> list[str]:
                 node = node[1:-1]
                 if "\\" in node:
                     node = _QUOTED_PAIR.sub(_escaped, node)
-        if separator != ";":
-            nodes.append(_strip_port(node))
-            if not separator:
-                return nodes[-_MAX_HOPS:]
-            node = ""
+        if not separator:
+            return _strip_port(node)
         pos = pair.end()
-    nodes.append("")
-    return nodes[-_MAX_HOPS:]
+    return ""  # more pairs than any proxy writes: hostile
 
 
 def _escaped(pair: re.Match[str]) -> str:
