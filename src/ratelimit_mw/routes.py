@@ -407,14 +407,21 @@ class RouteTable:
 
     def unreachable(self) -> list[str]:
         """The rules' and exempt paths' patterns that no route of the app can match (a
-        typo, a trailing slash the routes don't have): named in a start-up warning."""
-        if self._router is None:
-            return []
-        shapes = list(_shapes(self._router.routes))
+        typo, a trailing slash the routes don't have): named in a start-up warning.
+        Lenient where it can't tell: a pattern is only named when it surely misses."""
+        rules = (*self.rules, *self.exempt_rules)
+        if self._router is None or not rules or getattr(
+                self._router, "_low_priority_routes", None):
+            return []  # (routes it can't see: FastAPI's frontend routes; no judging)
+        shapes: list[_Shape] = []
+        for path, below in _shapes(self._router.routes):
+            if below is None:
+                return []  # routes it can't see (FastAPI's frontend routes): no judging
+            shapes.append(_Shape(path, below))
         if not shapes:
             return []
-        return [rule.path for rule in (*self.rules, *self.exempt_rules)
-                if not any(_could_match(rule, path, below) for path, below in shapes)]
+        return [rule.path for rule in rules if not any(shape.could_match(rule)
+                                                        for shape in shapes)]
 
     def resolve(self, scope: Scope) -> RouteSpec:
         """The spec of this request's route (cached per method and path)."""
@@ -444,10 +451,14 @@ class RouteTable:
 
 
 def _shapes(routes: Iterable[Any], prefix: str = "", depth: int = 0,
-            ) -> Iterator[tuple[str, bool]]:
+            ) -> Iterator[tuple[str, bool | None]]:
     """``(path template, below)`` of every route; ``below``: a mount of an app that has
-    no routes of its own, which answers any path below it."""
+    no routes of its own, which answers any path below it; None: a router with routes
+    it keeps apart (FastAPI's low-priority frontend routes)."""
     for route in routes:
+        if getattr(route, "_low_priority_routes", None) or getattr(
+                getattr(route, "original_router", None), "_low_priority_routes", None):
+            yield prefix, None
         own = getattr(route, "path", "")
         path = prefix + (own if isinstance(own, str) else "")
         children = _children(route)
@@ -460,19 +471,35 @@ def _shapes(routes: Iterable[Any], prefix: str = "", depth: int = 0,
 _PARAM = re.compile(r"\{[^}]*\}|\*")
 
 
-def _could_match(rule: RouteRule, path: str, below: bool) -> bool:
-    """Whether some request could match both ``rule`` and a route of ``path``."""
-    sample = _PARAM.sub("x", rule.path)  # a path the rule matches
-    if below:
-        return sample.startswith(path.rstrip("/") + "/") or bool(
-            rule.pattern.fullmatch(path.rstrip("/") + "/x"))
-    if rule.pattern.fullmatch(_PARAM.sub("x", path)):  # a path the route matches
-        return True
-    try:
-        regex = compile_path(path)[0]
-    except (AssertionError, ValueError):  # not a path Starlette would take: don't judge
-        return True
-    return bool(regex.match(sample))
+class _Shape:
+    """A route's path template, made ready to be compared with rule patterns."""
+
+    __slots__ = ("below", "literal", "path", "regex", "sample")
+
+    def __init__(self, path: str, below: bool) -> None:
+        self.path = path
+        self.below = below
+        self.sample = _PARAM.sub("x", path)  # a path the route matches
+        self.literal = _PARAM.split(path, 1)[0]  # the start every path it matches has
+        try:
+            self.regex: re.Pattern[str] | None = compile_path(path)[0]
+        except (AssertionError, ValueError):  # not a path Starlette would take
+            self.regex = None
+
+    def could_match(self, rule: RouteRule) -> bool:
+        """Whether some request could match both ``rule`` and this route."""
+        literal = _PARAM.split(rule.path, 1)[0]
+        if not (literal.startswith(self.literal) or self.literal.startswith(literal)):
+            return False  # the fixed starts differ
+        sample = _PARAM.sub("x", rule.path)  # a path the rule matches
+        if self.below:
+            root = self.path.rstrip("/")
+            return sample == root or sample.startswith(root + "/") or bool(
+                rule.pattern.fullmatch(root + "/x"))
+        if self.regex is None or rule.pattern.fullmatch(self.sample) or self.regex.match(sample):
+            return True
+        # Both have parameters: a literal of one may fit a parameter of the other.
+        return literal != rule.path and self.literal != self.path
 
 
 def _host(scope: Scope) -> str:

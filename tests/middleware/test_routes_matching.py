@@ -253,11 +253,17 @@ def test_patterns_that_match_no_route_are_named_at_start_up(
     static = Starlette()  # mounted, without routes of its own: anything below it
     app = Starlette(routes=[Route("/search", ok), Route("/items", ok),
                             Route("/files/{path:path}", ok), Route("/users/{id}", ok),
+                            Route("/users/me/{what}", ok),
+                            Route("/orgs/{org}/repos/{repo:path}", ok),
                             Mount("/static", app=static)])
     rules = [RouteRule("/serach", limits="1/minute"), RouteRule("/items/", limits="1/minute"),
              RouteRule("/files/*", limits="1/minute"), RouteRule("/users/42", limits="1/minute"),
              RouteRule("/users/{uid}", limits="1/minute"),
-             RouteRule("/static/app.js", limits="1/minute")]
+             RouteRule("/static/app.js", limits="1/minute"),
+             # parameters in different segments of the rule and the route
+             RouteRule("/users/{id}/avatar", limits="1/minute"),
+             RouteRule("/orgs/acme/*", limits="1/minute"),
+             RouteRule("/*/acme/repos/x", limits="1/minute")]
     with caplog.at_level(logging.WARNING, logger="ratelimit_mw"):
         RateLimitMiddleware(app.router, tiers=TIER, storage=memory, rules=rules,
                             exempt_paths=["/health", "/search"])
@@ -276,3 +282,21 @@ def test_a_method_no_standard_defines_is_named(caplog: pytest.LogCaptureFixture)
     assert [m for m in caplog.messages if "no method" in m] == [
         "ratelimit_mw: route '/search': 'GTE' is no method HTTP or WebDAV defines (a typo?); "
         "the rule applies only to requests of that method"]
+
+
+def test_an_app_with_frontend_routes_is_not_judged(
+    memory: MemoryStorage, caplog: pytest.LogCaptureFixture, tmp_path: Any,
+) -> None:
+    """FastAPI keeps frontend routes apart from its routes: patterns they serve are not
+    named (the check can't see them)."""
+    import logging
+
+    app = FastAPI()
+    if not hasattr(app, "frontend"):
+        pytest.skip("this FastAPI has no frontend routes")
+    (tmp_path / "index.html").write_text("<html>app</html>")
+    app.frontend("/", directory=str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="ratelimit_mw"):
+        RateLimitMiddleware(app.router, tiers=TIER, storage=memory,
+                            exempt_paths=["/assets/*", "/"])
+    assert not [m for m in caplog.messages if "matches no route" in m]
