@@ -12,13 +12,13 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, get_args
+from typing import Literal, Protocol, TypeVar, get_args
 
 from .breaker import CircuitBreaker
 from .decision import Verdict
-from .errors import ConfigError
+from .errors import ConfigError, StorageError
 from .events import Source
 from .policy import Hit
 from .storage import MemoryStorage, RedisStorage, Storage
@@ -29,6 +29,7 @@ FailureMode = Literal["open", "closed", "memory"]
 FAILURE_MODES: tuple[FailureMode, ...] = get_args(FailureMode)
 
 _log = logging.getLogger("ratelimit_mw")
+T = TypeVar("T")
 
 
 class _Permit(Protocol):
@@ -154,6 +155,26 @@ class StorageGuard:
             raise
         permit.record_success()
         return verdict, "storage"
+
+    async def read(self, call: Callable[[], Awaitable[T]]) -> T:
+        """A read of the storage's (the quota endpoints') under the same breaker and
+        timeout as the decisions: while the breaker rests, refused at once with a
+        ``StorageError`` instead of waiting out the timeout again."""
+        permit = self.breaker.try_acquire()
+        if permit is None:
+            msg = "the storage failed and rests for a moment (its breaker is open)"
+            raise StorageError(msg)
+        try:
+            async with asyncio.timeout(self.timeout):
+                result = await call()
+        except Exception:
+            permit.record_failure()
+            raise
+        except BaseException:
+            permit.release()
+            raise
+        permit.record_success()
+        return result
 
     def _degraded(
         self, key: str, hits: Sequence[Hit], usage: bool = False,

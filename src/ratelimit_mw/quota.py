@@ -46,9 +46,9 @@ only by its client IP, gets 401: quotas belong to accounts.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, date, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -77,6 +77,23 @@ def _unit(limit_period: float) -> str:
 
 def _iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+T = TypeVar("T")
+
+
+async def _read(middleware: RateLimitMiddleware, call: Callable[[], Awaitable[T]]) -> T:
+    """A storage read under the middleware's storage breaker and timeout (memory storage,
+    which has neither, is read directly)."""
+    guard = middleware.guard
+    return await (guard.read(call) if guard is not None else call())
+
+
+def _unavailable(what: str, middleware: RateLimitMiddleware, exc: BaseException) -> Response:
+    retry = middleware.guard.retry_after if middleware.guard is not None else 1
+    return _error(503, "quota_unavailable",
+                  f"{what} can't be read right now: {exc or type(exc).__name__}",
+                  **{"Retry-After": str(retry)})
 
 
 _SKEW = 2 * 86400
@@ -171,16 +188,17 @@ class QuotaEndpoints:
         now = middleware.clock()
         storage = middleware.storage
         try:
-            peek = await storage.peek(caller.key, plan.hits) if plan.hits else None
+            peek = await _read(middleware, lambda: storage.peek(caller.key, plan.hits)
+                               ) if plan.hits else None
             today: int | None = None
             if middleware.settings.quota_history:
                 # Days around ours: the storage stops at its own today (Redis's clock),
                 # which an app server's skewed clock could put a day off.
-                days = await storage.usage(caller.key, "day", now - _SKEW, now + _SKEW)
+                days = await _read(middleware, lambda: storage.usage(
+                    caller.key, "day", now - _SKEW, now + _SKEW))
                 today = days[-1][1] if days else 0
         except (StorageError, TimeoutError) as exc:
-            return _error(503, "quota_unavailable", f"The quota can't be read right now: {exc}",
-                          **{"Retry-After": "1"})
+            return _unavailable("The quota", middleware, exc)
         if peek is not None and peek.at is not None:
             now = peek.at  # the storage's clock: app servers agree on the period
         label, _, month_end = _month(now)
@@ -232,10 +250,10 @@ class QuotaEndpoints:
             return _error(400, "bad_request", "'from' must not be after 'to'")
         grain: Granularity = "hour" if granularity == "hour" else "day"
         try:
-            buckets = await middleware.storage.usage(caller.key, grain, start, end)
+            buckets = await _read(middleware, lambda: middleware.storage.usage(
+                caller.key, grain, start, end))
         except (StorageError, TimeoutError) as exc:
-            return _error(503, "quota_unavailable", f"The history can't be read right now: {exc}",
-                          **{"Retry-After": "1"})
+            return _unavailable("The history", middleware, exc)
         return JSONResponse({
             "plan": caller.tier.name,
             "granularity": granularity,

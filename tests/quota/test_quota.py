@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from ratelimit_mw import Limit, MemoryStorage, RedisStorage, Storage
+from ratelimit_mw import Limit, MemoryStorage, RedisStorage, Storage, StorageError
 from ratelimit_mw.middleware import RateLimitMiddleware
 from ratelimit_mw.quota import quota_router, quota_routes
 from ratelimit_mw.tiers import Tier, TierByAPIKey
@@ -298,3 +298,40 @@ async def test_on_redis_today_and_the_period_are_redis_s_whatever_the_app_clock(
     assert body["period"] == datetime.fromtimestamp(time.time(), UTC).strftime("%Y-%m")
     if behind < 2:
         assert body["usage"]["requests_today"] == 4  # the quota request counts too
+
+
+async def test_while_the_storage_rests_the_quota_is_refused_at_once() -> None:
+    """The quota endpoints read behind the storage's breaker, like the decisions: once it
+    opened, a quota or history request is a 503 at once (with the breaker's
+    Retry-After), without waiting out the storage's timeout again."""
+    reads = 0
+
+    class Down(MemoryStorage):
+        async def decide(self, key: str, hits: Any, **options: Any) -> Any:
+            raise StorageError("redis went away")
+
+        async def peek(self, key: str, hits: Any) -> Any:
+            nonlocal reads
+            reads += 1
+            raise StorageError("redis went away")
+
+        async def usage(self, *args: Any) -> Any:
+            nonlocal reads
+            reads += 1
+            raise StorageError("redis went away")
+
+    app = Starlette(routes=[Route("/hello", hello), *quota_routes()])
+    app.add_middleware(RateLimitMiddleware, tiers=TIERS, key="api_key",
+                       tier_resolver=TierByAPIKey(KEYS), storage=Down(), quota_history=True,
+                       recovery_interval=30.0)
+    transport = httpx.ASGITransport(app=app, client=("198.51.100.4", 1))
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        for _ in range(20):  # the decisions fail (fail open) until the breaker opens
+            await client.get("/hello", headers=A)
+        quota = await client.get(QUOTA, headers=A)
+        history = await client.get(HISTORY, headers=A)
+    assert reads == 0
+    for response in (quota, history):
+        assert response.status_code == 503
+        assert "breaker is open" in response.json()["message"]
+        assert int(response.headers["retry-after"]) >= 29
