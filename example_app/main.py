@@ -1,8 +1,9 @@
 """The example app: every feature of ratelimit_mw in one FastAPI service.
 
 Run it with ``./scripts/run-example`` (uvicorn on http://127.0.0.1:8000). Storage is
-in memory unless ``RATELIMIT_STORAGE_URL=redis://127.0.0.1:6379/0`` says otherwise;
-the tiers come from ``tiers.toml`` next to this file, and every other ``RATELIMIT_*``
+in memory unless ``RATELIMIT_STORAGE_URL=redis://127.0.0.1:6379/0`` (or a Cluster or
+Sentinel URL) says otherwise, for the idempotency records as for the limits; the
+tiers come from ``tiers.toml`` next to this file, and every other ``RATELIMIT_*``
 variable overrides it.
 
 Callers send ``X-API-Key: demo-free`` (or ``demo-starter``, ``demo-pro``,
@@ -20,14 +21,15 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import redis.asyncio as redis
 from fastapi import Depends, FastAPI, Query
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ratelimit_mw import (
+    APIKey,
     CircuitBreaker,
     CircuitOpenError,
+    ClientIP,
     IdempotencyMiddleware,
     IdempotencyStore,
     MemoryIdempotencyStore,
@@ -50,7 +52,6 @@ API_KEYS = {
 }
 
 settings = RateLimitSettings.from_toml(TIERS_FILE)
-on_redis = settings.storage_url.lower().startswith(("redis://", "rediss://"))
 
 
 class APIKeyAuth:
@@ -82,15 +83,20 @@ class APIKeyAuth:
 
 
 def _idempotency_store() -> IdempotencyStore:
-    """Idempotency records on the same kind of storage as the rate limits."""
-    if on_redis:
-        client = redis.Redis.from_url(settings.storage_url, decode_responses=False)
-        return RedisIdempotencyStore(client, prefix=f"{settings.storage_prefix}idem:",
-                                     owns_client=True)
-    return MemoryIdempotencyStore()
+    """Idempotency records where the rate limits are: in memory, or on the same Redis
+    (a URL it can't use fails here, at start-up, never falls back to memory)."""
+    if settings.storage_url.lower().startswith("memory:"):
+        return MemoryIdempotencyStore()
+    return RedisIdempotencyStore.from_url(settings.storage_url,
+                                          prefix=f"{settings.storage_prefix}idem:")
 
 
 idempotency_store = _idempotency_store()
+# Idempotency records are the caller's the rate limiter counts: its API key, else its
+# IP behind the trusted proxies. Two callers it tells apart never share a record.
+caller = APIKey(settings.api_key_header, fallback=ClientIP(
+    settings.trusted_proxies, ipv6_prefix=settings.ipv6_prefix,
+    forwarded_header=settings.forwarded_header))
 
 
 @asynccontextmanager
@@ -173,7 +179,7 @@ app.include_router(quota_router())
 
 # Outermost last: unknown keys are refused first, then requests are rate limited,
 # then a keyed payment is run at most once.
-app.add_middleware(IdempotencyMiddleware, store=idempotency_store,
+app.add_middleware(IdempotencyMiddleware, store=idempotency_store, identity=caller,
                    required=["POST /api/v1/payments"])
 # (mypy: Starlette's middleware-factory protocol can't express a positional-or-keyword
 # ``settings`` parameter; the call is right.)

@@ -25,7 +25,7 @@ class ExampleServer:
     workers can all be killed), on a free loopback port."""
 
     def __init__(self, env: dict[str, str], *, workers: int = 1,
-                 command: Sequence[str] | None = None) -> None:
+                 command: Sequence[str] | None = None, args: Sequence[str] = ()) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RATELIMIT_")}
@@ -33,7 +33,7 @@ class ExampleServer:
         self.command = list(command) if command is not None else [
             sys.executable, "-m", "uvicorn", "example_app.main:app", "--host", "127.0.0.1",
             "--port", str(self.port), "--log-level", "warning",
-            *(["--workers", str(workers)] if workers > 1 else [])]
+            *(["--workers", str(workers)] if workers > 1 else []), *args]
         self.log = tempfile.NamedTemporaryFile(prefix="example-app-", suffix=".log")  # noqa: SIM115
         self.proc: subprocess.Popen[bytes] | None = None
         self.workers = workers
@@ -87,12 +87,11 @@ class ExampleServer:
         self.log.close()
 
 
-def env_for(kind: str, redis_url: str | None, prefix: str | None,
-            **settings: str) -> dict[str, str]:
-    """``RATELIMIT_*`` variables for a server on ``memory`` or ``redis``."""
+def env_for(redis_url: str | None, prefix: str | None, **settings: str) -> dict[str, str]:
+    """``RATELIMIT_*`` variables for a server on memory, or on Redis at ``redis_url``."""
     env = {f"RATELIMIT_{name.upper()}": value for name, value in settings.items()}
-    if kind == "redis":
-        assert redis_url is not None and prefix is not None
+    if redis_url is not None:
+        assert prefix is not None
         env["RATELIMIT_STORAGE_URL"] = redis_url
         env["RATELIMIT_STORAGE_PREFIX"] = prefix
     return env
@@ -103,16 +102,20 @@ StartServer = Callable[..., ExampleServer]
 
 @pytest.fixture
 def start_server(request: pytest.FixtureRequest) -> Iterator[StartServer]:
-    """``start_server(kind, workers=1, **settings)`` -> a started ExampleServer; all are
-    killed at teardown."""
+    """``start_server(kind, workers=1, args=(), **settings)`` -> a started ExampleServer
+    (``kind``: ``memory``, ``redis``, ``cluster`` or ``sentinel``; ``args`` for uvicorn);
+    all are killed at teardown."""
     servers: list[ExampleServer] = []
 
-    def start(kind: str, *, workers: int = 1, **settings: str) -> ExampleServer:
+    def start(kind: str, *, workers: int = 1, args: Sequence[str] = (),
+              **settings: str) -> ExampleServer:
         redis_url = prefix = None
-        if kind == "redis":
-            redis_url = request.getfixturevalue("redis_url")
+        if kind != "memory":
+            fixture = "redis_url" if kind == "redis" else f"redis_{kind}_url"
+            redis_url = request.getfixturevalue(fixture)
             prefix = request.getfixturevalue("redis_prefix")
-        server = ExampleServer(env_for(kind, redis_url, prefix, **settings), workers=workers)
+        server = ExampleServer(env_for(redis_url, prefix, **settings), workers=workers,
+                               args=args)
         servers.append(server)
         return server.start()
 

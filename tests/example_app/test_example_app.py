@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime
 
 import httpx
 import pytest
 
-from .conftest import ENTERPRISE, FREE, PRO, STARTER, StartServer
+from .conftest import ENTERPRISE, FREE, PRO, ROOT, STARTER, StartServer
 
 pytestmark = pytest.mark.slow
 
@@ -256,10 +259,64 @@ async def test_payment_is_replayed_for_the_same_idempotency_key(
     assert first.status_code == replay.status_code == 201
     assert replay.json() == first.json()
     assert replay.headers["x-idempotent-replayed"] == "true"
+    assert len(replay.headers.get_list("x-ratelimit-remaining")) == 1  # today's, not stored
     assert "x-idempotent-replayed" not in first.headers
     assert other.status_code == 422
     assert missing.status_code == 400
     assert fresh.json()["payment_id"] != first.json()["payment_id"]
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("deployment", ["sentinel", "cluster"])
+async def test_two_workers_on_sentinel_or_cluster_run_a_payment_once(
+    start_server: StartServer, deployment: str,
+) -> None:
+    """``--workers 2`` on Sentinel or Cluster: the idempotency records are shared through
+    Redis like the limits, so a client retrying one key is charged once, whichever
+    worker it reaches."""
+    server = start_server(deployment, workers=2)
+    answers = []
+    for _ in range(20):  # a new connection each time, so both workers get requests
+        async with httpx.AsyncClient(base_url=server.url, headers=PRO) as client:
+            answers.append(await client.post("/api/v1/payments", json={"amount": 100},
+                                             headers={"Idempotency-Key": "order-1"}))
+    assert {r.status_code for r in answers} == {201}
+    assert len({r.json()["payment_id"] for r in answers}) == 1
+    assert [r.headers.get("x-idempotent-replayed") for r in answers] == [None] + ["true"] * 19
+
+
+@pytest.mark.parametrize("callers", ["forwarded-ips", "api-key-header"])
+async def test_callers_the_rate_limiter_tells_apart_never_share_a_payment(
+    start_server: StartServer, callers: str,
+) -> None:
+    """Idempotency records are scoped like the limits: by the key in the configured API
+    key header, else by the client IP behind the trusted proxies."""
+    if callers == "forwarded-ips":  # uvicorn passes X-Forwarded-For on; the limiter reads it
+        server = start_server("memory", args=["--no-proxy-headers"], trusted_proxies="127.0.0.1")
+        first, second = ({"X-Forwarded-For": ip} for ip in ("203.0.113.7", "198.51.100.9"))
+    else:
+        server = start_server("memory", api_key_header="x-token")
+        first, second = ({"X-Token": key} for key in ("demo-free", "demo-pro"))
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        answers = [await client.post("/api/v1/payments", json={"amount": 100},
+                                     headers={"Idempotency-Key": "order-1", **caller})
+                   for caller in (first, second, first)]
+    assert [r.status_code for r in answers] == [201] * 3
+    assert answers[0].json()["payment_id"] != answers[1].json()["payment_id"]
+    assert "x-idempotent-replayed" not in answers[1].headers
+    assert answers[2].headers["x-idempotent-replayed"] == "true"
+
+
+def test_a_storage_url_without_an_idempotency_store_fails_at_start_up() -> None:
+    """A storage URL the idempotency store can't use stops the app, naming the URL; it
+    never falls back to per-process memory."""
+    env = {**os.environ, "RATELIMIT_STORAGE_URL": "memcached://app:secret@cache:11211"}
+    result = subprocess.run([sys.executable, "-c", "import example_app.main"], cwd=ROOT,
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "ConfigError: couldn't keep idempotency records at 'memcached://app:***@cache" in (
+        result.stderr)
+    assert "secret" not in result.stderr
 
 
 async def test_upstream_breaker_opens_and_answers_503_with_retry_after(

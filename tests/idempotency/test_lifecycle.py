@@ -29,7 +29,7 @@ from ratelimit_mw.idempotency import (
 )
 from tests.conftest import FakeClock
 
-from .conftest import Harness, uvicorn_serving
+from .conftest import Harness, Orders, uvicorn_serving
 
 KEY = {"Idempotency-Key": "k-1", "X-API-Key": "alice"}
 BODY = b'{"item": "book"}'
@@ -151,6 +151,17 @@ async def test_cancelled_request_frees_the_key(harness: Harness) -> None:
     assert retry.status_code == 201
 
 
+async def run_out(store: IdempotencyStore, clock: FakeClock, lock_ttl: float) -> None:
+    """Let the lease on KEY (held for ``lock_ttl`` s) run out: move the clock, or cut the TTL."""
+    if not isinstance(store, RedisIdempotencyStore):
+        clock.advance(lock_ttl)
+        return
+    lease = store.prefix + record_key("api-key:alice", "k-1")
+    assert 0 < await store._client.pttl(lease) <= lock_ttl * 1000
+    await store._client.pexpire(lease, 1)
+    await asyncio.sleep(0.01)
+
+
 @pytest.mark.parametrize("transport", ["asgi"])
 async def test_dead_workers_lease_expires(harness: Harness, clock: FakeClock) -> None:
     """A key held by a worker that died is 409 until its lease runs out, then runs."""
@@ -162,11 +173,7 @@ async def test_dead_workers_lease_expires(harness: Harness, clock: FakeClock) ->
     try:
         async with client_for(hang_app(hang, store, lock_ttl=30)) as client:
             busy = await client.post("/hang", content=BODY, headers=KEY)
-            if isinstance(store, RedisIdempotencyStore):
-                await store._client.pexpire(store.prefix + record, 1)
-                await asyncio.sleep(0.01)
-            else:
-                clock.advance(30)
+            await run_out(store, clock, 30)
             freed = await client.post("/hang", content=BODY, headers=KEY)
     finally:
         await store.close()
@@ -183,6 +190,9 @@ class BrokenStore(IdempotencyStore):
     async def complete(
         self, key: str, token: str, fingerprint: str, response: StoredResponse, *, ttl: float
     ) -> bool:
+        raise StorageError("connection refused")
+
+    async def renew(self, key: str, token: str, *, lock_ttl: float) -> bool:
         raise StorageError("connection refused")
 
     async def release(self, key: str, token: str) -> None:
@@ -211,24 +221,98 @@ async def test_store_down_with_fail_open_runs_the_request() -> None:
     assert hang.runs == 2
 
 
-class FlakyStore(MemoryIdempotencyStore):
-    """Claims work; storing the response fails."""
+async def test_a_memory_store_full_of_running_requests_answers_503() -> None:
+    """A full memory store refuses a new key rather than evict a running request's lease."""
+    orders = Orders()
+    orders.gate.clear()
+    async with client_for(orders.app(MemoryIdempotencyStore(max_entries=1))) as client:
+        first = asyncio.create_task(
+            client.post("/orders", content=BODY, headers={**KEY, "Idempotency-Key": "a"}))
+        while not orders.runs["create"]:
+            await asyncio.sleep(0.005)
+        # Bounded: a request that got a key runs, and waits on the gate.
+        other, busy = [
+            await asyncio.wait_for(client.post("/orders", content=BODY, headers={
+                **KEY, "Idempotency-Key": key}), 5)
+            for key in ("b", "a")]
+        orders.gate.set()
+        done = await first
+    assert other.status_code == 503
+    assert other.json()["error"] == "idempotency_unavailable"
+    assert busy.status_code == 409
+    assert done.status_code == 201
+    assert orders.runs["create"] == 1
+
+
+class FailingCompletions(IdempotencyStore):
+    """A real store whose first ``failures`` attempts to store a response fail."""
+
+    def __init__(self, store: IdempotencyStore, failures: int) -> None:
+        self.store = store
+        self.failures = failures
+        self.attempts = 0
+
+    async def claim(self, key: str, fingerprint: str, *, lock_ttl: float) -> Claim:
+        return await self.store.claim(key, fingerprint, lock_ttl=lock_ttl)
 
     async def complete(
         self, key: str, token: str, fingerprint: str, response: StoredResponse, *, ttl: float
     ) -> bool:
-        raise StorageError("connection reset")
+        self.attempts += 1
+        if self.attempts <= self.failures:
+            raise StorageError("connection reset")
+        return await self.store.complete(key, token, fingerprint, response, ttl=ttl)
+
+    async def renew(self, key: str, token: str, *, lock_ttl: float) -> bool:
+        return await self.store.renew(key, token, lock_ttl=lock_ttl)
+
+    async def release(self, key: str, token: str) -> None:
+        await self.store.release(key, token)
+
+    async def close(self) -> None:
+        await self.store.close()
 
 
-async def test_failed_completion_still_answers_and_frees_the_key() -> None:
-    """If the response cannot be stored, the client still gets it and the key is freed."""
+@pytest.mark.parametrize("transport", ["asgi"])
+async def test_a_failed_attempt_to_store_the_response_is_retried(harness: Harness) -> None:
+    """A store that fails once while keeping the response gets it on the next try: replayed."""
     hang = Hang()
     hang.runs = 1
-    async with client_for(hang_app(hang, FlakyStore())) as client:
-        first = await client.post("/hang", content=BODY, headers=KEY)
-        second = await client.post("/hang", content=BODY, headers=KEY)
+    store = FailingCompletions(harness.make_store(), failures=1)
+    try:
+        async with client_for(hang_app(hang, store)) as client:
+            first = await client.post("/hang", content=BODY, headers=KEY)
+            second = await client.post("/hang", content=BODY, headers=KEY)
+    finally:
+        await store.close()
     assert first.status_code == second.status_code == 201
+    assert second.headers["x-idempotent-replayed"] == "true"
+    assert hang.runs == 2
+
+
+@pytest.mark.parametrize("transport", ["asgi"])
+async def test_a_response_that_cannot_be_stored_keeps_the_key_locked(
+    harness: Harness, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The work was done: the client gets its answer, a retry gets 409 (not a second run)
+    until the lease runs out, and the failure is logged as an error."""
+    hang = Hang()
+    hang.runs = 1
+    store = FailingCompletions(harness.make_store(), failures=100)
+    try:
+        async with client_for(hang_app(hang, store, lock_ttl=30)) as client:
+            first = await client.post("/hang", content=BODY, headers=KEY)
+            retry = await client.post("/hang", content=BODY, headers=KEY)
+            await run_out(store.store, clock, 30)
+            later = await client.post("/hang", content=BODY, headers=KEY)
+    finally:
+        await store.close()
+    assert first.status_code == 201
+    assert retry.status_code == 409
+    assert later.status_code == 201
     assert hang.runs == 3
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 2 and all("stays locked" in error for error in errors)  # one a run
 
 
 @pytest.mark.parametrize("sync", [True, False])

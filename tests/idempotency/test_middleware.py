@@ -9,6 +9,7 @@ import time
 import httpx
 import pytest
 import redis.asyncio as aioredis
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .conftest import Harness
 
@@ -96,6 +97,39 @@ async def test_server_errors_are_not_stored(harness: Harness, failure: str) -> N
     assert "x-idempotent-replayed" not in second.headers
     assert third.headers["x-idempotent-replayed"] == "true"
     assert harness.orders.runs["create"] == 2
+
+
+@pytest.mark.parametrize("status", [408, 425, 429])
+async def test_try_again_later_answers_are_not_stored(harness: Harness, status: int) -> None:
+    """A 408, 425 or 429 asks for a retry: it is not stored, and the retry runs."""
+    harness.orders.fail_status = status
+    async with harness.client() as client:
+        first = await client.post("/orders", json=ORDER, headers=KEY)
+        second = await client.post("/orders", json=ORDER, headers=KEY)
+    assert first.status_code == status
+    assert second.status_code == 201
+    assert "x-idempotent-replayed" not in second.headers
+    assert harness.orders.runs["create"] == 2
+
+
+@pytest.mark.parametrize("backend", ["redis"])
+async def test_a_handler_slower_than_the_lock_ttl_keeps_its_key(harness: Harness) -> None:
+    """The lease is renewed while the handler runs: a retry after lock_ttl is still 409."""
+    harness.orders.gate.clear()
+    async with harness.client(lock_ttl=0.6) as client:
+        first = asyncio.create_task(client.post("/orders", json=ORDER, headers=KEY))
+        while not harness.orders.runs["create"]:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(1.2)  # twice the lock_ttl
+        # Bounded: a retry that got the key would run, and wait on the gate.
+        busy = await asyncio.wait_for(client.post("/orders", json=ORDER, headers=KEY), 5)
+        harness.orders.gate.set()
+        done = await first
+        replay = await client.post("/orders", json=ORDER, headers=KEY)
+    assert busy.status_code == 409
+    assert done.status_code == 201
+    assert replay.headers["x-idempotent-replayed"] == "true"
+    assert harness.orders.runs["create"] == 1
 
 
 async def test_client_errors_are_stored(harness: Harness) -> None:
@@ -309,3 +343,46 @@ async def test_stored_headers_are_replayed(harness: Harness) -> None:
     for name in ("content-type", "content-length", "x-order"):
         assert first.headers[name] == second.headers[name]
     assert json.loads(second.content) == json.loads(first.content)
+
+
+class Stamp:
+    """An outer middleware that adds a per-request header to the start message it passes
+    on, changing that message as ASGI middleware commonly does."""
+
+    def __init__(self, app: ASGIApp, *, in_place: bool) -> None:
+        self.app = app
+        self.in_place = in_place
+        self.requests = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.requests += 1
+        stamp = (b"x-request-id", str(self.requests).encode())
+
+        async def stamped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                if self.in_place:
+                    message["headers"].append(stamp)
+                else:
+                    message["headers"] = [*message.get("headers", ()), stamp]
+            await send(message)
+
+        await self.app(scope, receive, stamped)
+
+
+@pytest.mark.parametrize("transport", ["asgi"])
+@pytest.mark.parametrize("in_place", [False, True], ids=["new-list", "in-place"])
+async def test_outer_middleware_headers_are_not_stored(harness: Harness, in_place: bool) -> None:
+    """The stored headers are the app's, as it sent them: what a middleware outside adds
+    to the message afterwards is not replayed beside what it adds to the replay."""
+    store = harness.make_store()
+    app = Stamp(harness.orders.app(store), in_place=in_place)
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            first = await client.post("/orders", json=ORDER, headers=KEY)
+            second = await client.post("/orders", json=ORDER, headers=KEY)
+    finally:
+        await store.close()
+    assert first.headers.get_list("x-request-id") == ["1"]
+    assert second.headers["x-idempotent-replayed"] == "true"
+    assert second.headers.get_list("x-request-id") == ["2"]

@@ -212,6 +212,20 @@ async def test_open_breaker_refuses_without_calling_redis() -> None:
         await store.close()
 
 
+async def test_503_says_how_long_the_breaker_refuses() -> None:
+    """Retry-After is 1 while the breaker still lets calls through, then the seconds
+    left of its cooldown (rounded up), so a client that obeys it is not refused again."""
+    store = RedisIdempotencyStore.from_url(f"redis://127.0.0.1:{free_port()}",
+                                           recovery_interval=5.0)
+    try:
+        async with client_for(Orders(), store) as client:
+            answers = [(await keyed_post(client))[0] for _ in range(4)]
+    finally:
+        await store.close()
+    assert [r.status_code for r in answers] == [503] * 4
+    assert [r.headers["retry-after"] for r in answers] == ["1", "1", "5", "5"]
+
+
 BAD_SECONDS = [-1, -0.5, 0, 0.0, math.nan, math.inf, True, False, "0.5", None]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 
 import pytest
@@ -124,6 +125,47 @@ async def test_late_completion_still_counts(store: IdempotencyStore, clock: Fake
     assert (await store.claim(KEY, FP, lock_ttl=60)).outcome == "done"
 
 
+async def test_completing_again_with_the_same_token_counts(store: IdempotencyStore) -> None:
+    """A second complete by the holder (the first timed out but ran) is True and keeps
+    the first response."""
+    claim = await store.claim(KEY, FP, lock_ttl=60)
+    assert await store.complete(KEY, claim.token, FP, RESPONSE, ttl=DAY)
+    other = StoredResponse(200, (), b"other")
+    assert await store.complete(KEY, claim.token, FP, other, ttl=DAY)
+    assert not await store.complete(KEY, "not-the-token", FP, other, ttl=DAY)
+    assert (await store.claim(KEY, FP, lock_ttl=60)).response == RESPONSE
+
+
+async def test_renewed_lease_outlives_its_first_ttl(
+    store: IdempotencyStore, clock: FakeClock
+) -> None:
+    """A renewed lease holds the key lock_ttl from the renewal, not from the claim."""
+    claim = await store.claim(KEY, FP, lock_ttl=60)
+    if isinstance(store, MemoryIdempotencyStore):
+        clock.advance(40)
+    assert await store.renew(KEY, claim.token, lock_ttl=60)
+    if isinstance(store, MemoryIdempotencyStore):
+        clock.advance(40)  # 80 s after the claim, 40 s after the renewal
+    else:
+        assert isinstance(store, RedisIdempotencyStore)
+        assert 59_000 < await store._client.pttl(store.prefix + KEY) <= 60_000
+    assert (await store.claim(KEY, FP, lock_ttl=60)).outcome == "in_flight"
+
+
+async def test_only_the_holder_renews_a_lease_in_flight(
+    store: IdempotencyStore, clock: FakeClock
+) -> None:
+    """Renewing with another token, after completion or after expiry does nothing."""
+    claim = await store.claim(KEY, FP, lock_ttl=60)
+    assert not await store.renew(KEY, "not-the-token", lock_ttl=60)
+    await expire(store, clock, 60)
+    assert not await store.renew(KEY, claim.token, lock_ttl=60)
+    fresh = await store.claim(KEY, FP, lock_ttl=60)
+    await store.complete(KEY, fresh.token, FP, RESPONSE, ttl=DAY)
+    assert not await store.renew(KEY, fresh.token, lock_ttl=60)
+    assert (await store.claim(KEY, FP, lock_ttl=60)).outcome == "done"
+
+
 async def test_completed_key_expires(store: IdempotencyStore, clock: FakeClock) -> None:
     """After ``ttl`` the response is forgotten and the key can be claimed again."""
     claim = await store.claim(KEY, FP, lock_ttl=60)
@@ -157,10 +199,33 @@ async def test_redis_keys_are_prefixed_hashed_and_expiring(
 
 def test_lua_scripts_are_package_data() -> None:
     """The scripts are read from the package with importlib.resources, units on line 1."""
-    for name in ("claim", "complete", "release"):
+    for name in ("claim", "complete", "renew", "release"):
         first_line = script_source(name).splitlines()[0]
         assert first_line.startswith("-- ")
     assert "milliseconds" in script_source("claim").splitlines()[0]
+
+
+@pytest.mark.parametrize("deployment", ["cluster", "sentinel"])
+async def test_redis_store_from_cluster_and_sentinel_urls(
+    deployment: str, request: pytest.FixtureRequest
+) -> None:
+    """The rate limiter's Cluster and Sentinel URLs keep idempotency records too."""
+    url = request.getfixturevalue(f"redis_{deployment}_url")
+    store = RedisIdempotencyStore.from_url(url, prefix=f"idem-{uuid.uuid4().hex[:8]}:")
+    try:
+        claim = await store.claim(KEY, FP, lock_ttl=60)
+        assert claim.outcome == "claimed"
+        assert await store.renew(KEY, claim.token, lock_ttl=60)
+        assert await store.complete(KEY, claim.token, FP, RESPONSE, ttl=60)
+        assert (await store.claim(KEY, FP, lock_ttl=60)).response == RESPONSE
+    finally:
+        await store.close()
+
+
+def test_redis_store_refuses_a_url_it_cannot_use() -> None:
+    """Another scheme is a ConfigError naming the URL (password hidden), not memory."""
+    with pytest.raises(ConfigError, match=r"memcached://app:\*\*\*@cache:11211.*redis\+sentinel"):
+        RedisIdempotencyStore.from_url("memcached://app:secret@cache:11211")
 
 
 async def test_redis_refuses_a_decoding_client(redis_url: str) -> None:
@@ -195,30 +260,63 @@ async def test_redis_down_raises_storage_error() -> None:
 
 
 async def test_memory_store_stays_bounded(clock: FakeClock) -> None:
-    """Beyond max_entries the oldest records are forgotten."""
+    """Beyond max_entries the finished response nearest its expiry is forgotten."""
     store = MemoryIdempotencyStore(clock=clock, max_entries=3)
     for index in range(5):
-        await store.claim(f"k{index}", FP, lock_ttl=60)
+        claim = await store.claim(f"k{index}", FP, lock_ttl=60)
+        await store.complete(f"k{index}", claim.token, FP, RESPONSE, ttl=DAY)
     assert len(store) == 3
-    assert (await store.claim("k4", FP, lock_ttl=60)).outcome == "in_flight"
+    assert (await store.claim("k4", FP, lock_ttl=60)).outcome == "done"
     assert (await store.claim("k0", FP, lock_ttl=60)).outcome == "claimed"
 
 
-async def test_memory_store_sweeps_expired_records(clock: FakeClock) -> None:
-    """Expired records are swept, so a full store drops them before live ones."""
-    store = MemoryIdempotencyStore(clock=clock, max_entries=3, sweep_every=2)
-    await store.claim("old", FP, lock_ttl=10)
+async def test_memory_store_never_evicts_a_lease_in_flight(clock: FakeClock) -> None:
+    """A full store forgets finished responses first; full of leases, it refuses the claim
+    like a store that is down, and the running requests keep their keys."""
+    store = MemoryIdempotencyStore(clock=clock, max_entries=3)
+    claim = await store.claim("done", FP, lock_ttl=60)
+    await store.complete("done", claim.token, FP, RESPONSE, ttl=DAY)
+    await store.claim("paying", FP, lock_ttl=60)
+    other = await store.claim("other", FP, lock_ttl=60)
+    assert (await store.claim("new", FP, lock_ttl=60)).outcome == "claimed"
+    with pytest.raises(StorageError, match="full: 3 requests are in flight"):
+        await store.claim("one-more", FP, lock_ttl=60)
+    assert (await store.claim("paying", FP, lock_ttl=60)).outcome == "in_flight"
+    await store.release("other", other.token)
+    assert (await store.claim("done", FP, lock_ttl=60)).outcome == "claimed"  # forgotten
+
+
+async def test_memory_store_drops_expired_records_first(clock: FakeClock) -> None:
+    """Expired leases and responses go before anything live is forgotten."""
+    store = MemoryIdempotencyStore(clock=clock, max_entries=3)
+    await store.claim("old-lease", FP, lock_ttl=10)
+    claim = await store.claim("old-response", FP, lock_ttl=10)
+    await store.complete("old-response", claim.token, FP, RESPONSE, ttl=10)
     clock.advance(10)
-    await store.claim("a", FP, lock_ttl=60)
-    assert len(store) == 1
-    await store.claim("b", FP, lock_ttl=60)
-    await store.claim("c", FP, lock_ttl=60)
+    for key in ("a", "b", "c"):
+        assert (await store.claim(key, FP, lock_ttl=60)).outcome == "claimed"
+    assert len(store) == 3
     assert (await store.claim("a", FP, lock_ttl=60)).outcome == "in_flight"
 
 
-@pytest.mark.parametrize("option", ["max_entries", "sweep_every"])
+async def test_memory_store_at_max_entries_forgets_the_oldest_response_only() -> None:
+    """At max_entries a claim forgets the one finished response nearest its expiry (the
+    front of its expiry order: no scan of them all), and keeps the others."""
+    store = MemoryIdempotencyStore(max_entries=1000)
+    for index in range(1000):
+        claim = await store.claim(f"k{index}", FP, lock_ttl=60)
+        await store.complete(f"k{index}", claim.token, FP, RESPONSE, ttl=DAY)
+    for index in range(3):
+        assert (await store.claim(f"new{index}", FP, lock_ttl=60)).outcome == "claimed"
+    assert len(store) == 1000
+    assert [(await store.claim(f"k{index}", FP, lock_ttl=60)).outcome
+            for index in (3, 999)] == ["done", "done"]
+    # The three oldest were forgotten: claimed afresh now.
+    assert (await store.claim("k0", FP, lock_ttl=60)).outcome == "claimed"
+
+
 @pytest.mark.parametrize("value", [0, -1, 1.5, True])
-def test_memory_store_options_are_checked(option: str, value: object) -> None:
-    """Sizes must be whole numbers >= 1."""
-    with pytest.raises(ConfigError, match=option):
-        MemoryIdempotencyStore(**{option: value})  # type: ignore[arg-type]
+def test_memory_store_size_is_checked(value: object) -> None:
+    """max_entries must be a whole number >= 1."""
+    with pytest.raises(ConfigError, match="max_entries"):
+        MemoryIdempotencyStore(max_entries=value)  # type: ignore[arg-type]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import fnmatch
 import inspect
 import logging
@@ -27,6 +29,12 @@ IdentityFunc = Callable[[Scope], "str | Awaitable[str | None] | None"]
 _log = logging.getLogger("ratelimit_mw.idempotency")
 _MiB = 1024 * 1024
 _REPLAYED = (b"x-idempotent-replayed", b"true")
+# "Try again later" answers (timeout, too early, too many requests) are never kept:
+# kept, they would answer the retry they invite for the whole ttl.
+_RETRY_LATER = frozenset({408, 425, 429})
+# Seconds between attempts to store a finished response: the work is done, and a store
+# that hiccups must not make a retry do it again.
+_STORE_RETRY_DELAYS = (0.05, 0.25)
 
 
 def default_identity(scope: Scope) -> str:
@@ -67,14 +75,17 @@ class IdempotencyMiddleware:
       chunk of at most ``max_response_size`` bytes) is kept for ``ttl`` seconds;
     - later, same request: that response again, with ``X-Idempotent-Replayed: true``;
     - while the first still runs: 409, the handler is not run. The lock is a lease
-      of ``lock_ttl`` seconds, so a crashed worker frees its keys by itself: make
-      it longer than your slowest handler;
+      of ``lock_ttl`` seconds, renewed every third of it while the handler runs, so
+      a crashed worker frees its keys by itself within ``lock_ttl``;
     - a different request (fingerprint): 422;
-    - a handler that raises, answers 5xx or streams (more than one body chunk, or
-      too big a body) stores nothing and frees the key, so the next attempt runs.
-      A request that ends without a full response (the client went away and the
-      handler stopped) frees the key too; a handler that finishes anyway has its
-      response kept, because the work was done and must not be repeated.
+    - a handler that raises, answers 5xx, 408, 425 or 429 (which ask for a retry)
+      or streams (more than one body chunk, or too big a body) stores nothing and
+      frees the key, so the next attempt runs. A request that ends without a full
+      response (the client went away and the handler stopped) frees the key too; a
+      handler that finishes anyway has its response kept, because the work was done
+      and must not be repeated. For that reason a response the store fails to keep
+      (after two quick retries) leaves the key locked, logged as an error: retries
+      get 409 until the lease runs out, ``lock_ttl`` after the handler returned.
 
     A missing key where ``required`` says one is needed, an empty one, one over
     255 characters or not printable ASCII: 400. ``required`` holds path patterns
@@ -86,8 +97,9 @@ class IdempotencyMiddleware:
     The body is read whole to fingerprint it (then handed to the app
     unchanged); over ``max_request_size`` bytes the answer is 413 and the
     handler is not run: a keyed request is idempotent or refused, never
-    silently not idempotent. When the store fails the answer is 503, unless
-    ``fail_open=True`` runs the request without idempotency.
+    silently not idempotent. When the store fails the answer is 503, with the
+    store's ``retry_after`` (its breaker's cooldown), unless ``fail_open=True``
+    runs the request without idempotency.
 
     >>> from starlette.applications import Starlette
     >>> from starlette.middleware import Middleware
@@ -215,7 +227,8 @@ class IdempotencyMiddleware:
                 return
             _log.error("idempotency store failed: %s", exc)
             message = "the idempotency store is unavailable; retry shortly with the same key"
-            response = _answer(503, "idempotency_unavailable", message, **{"Retry-After": "1"})
+            wait = {"Retry-After": str(self.store.retry_after)}
+            response = _answer(503, "idempotency_unavailable", message, **wait)
             await response(scope, receive, send)
             return
 
@@ -255,51 +268,72 @@ class IdempotencyMiddleware:
         self, scope: Scope, receive: Receive, send: Send, record: str, fp: str, token: str
     ) -> None:
         """Run the app on a claimed key; keep its response if it is storable, else free the key."""
-        start: Message | None = None
+        start: StoredResponse | None = None
         storable = True
-        finished = False  # stored, or handed to another holder: nothing left to release
+        finished = False  # stored, or the store tried: nothing left to release
 
         async def send_wrapper(message: Message) -> None:
             nonlocal start, storable, finished
             kind = message["type"]
             if kind == "http.response.start":
-                start = message
-                storable = message["status"] < 500 and not message.get("trailers", False)
+                status = message["status"]
+                # Copied now: an outer middleware may change the message once it is sent.
+                headers = tuple((bytes(k), bytes(v)) for k, v in message.get("headers", ()))
+                start = StoredResponse(status, headers, b"")
+                storable = (status < 500 and status not in _RETRY_LATER
+                            and not message.get("trailers", False))
             elif kind == "http.response.body" and storable and start is not None:
                 body = message.get("body", b"")
                 storable = False  # only the first chunk, and only if it is the last one
                 if not message.get("more_body", False) and len(body) <= self.max_response_size:
                     # Stored before it is sent, so a client that already has the answer and
                     # sends again is replayed, never told 409.
-                    finished = await self._complete(record, token, fp, start, body)
+                    await self._complete(record, token, fp, dataclasses.replace(start, body=body))
+                    finished = True
             else:
                 storable = False  # a streamed body, trailers, or a server extension
             await send(message)
 
+        renewing = asyncio.ensure_future(self._renew(record, token))
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
+            renewing.cancel()
             if not finished:
                 # Shielded: the app may have been cancelled (client gone), and the key
                 # must be freed all the same.
                 with anyio.CancelScope(shield=True):
                     await self._release(record, token)
 
-    async def _complete(
-        self, record: str, token: str, fp: str, start: Message, body: bytes
-    ) -> bool:
-        """Store the response; False (logged) if it could not be stored."""
-        headers = tuple((bytes(k), bytes(v)) for k, v in start.get("headers", ()))
-        response = StoredResponse(start["status"], headers, body)
-        try:
-            with anyio.CancelScope(shield=True):
-                stored = await self.store.complete(record, token, fp, response, ttl=self.ttl)
-        except StorageError as exc:
-            _log.error("could not store an idempotent response: %s", exc)
-            return False
-        if not stored:
-            _log.warning("idempotency lease ran out before the response was ready; not stored")
-        return True
+    async def _renew(self, record: str, token: str) -> None:
+        """Renew the lease every third of ``lock_ttl`` until it is no longer ours to renew."""
+        while True:
+            await asyncio.sleep(self.lock_ttl / 3)
+            try:
+                if not await self.store.renew(record, token, lock_ttl=self.lock_ttl):
+                    return  # stored, released, or lost to a retry after it ran out
+            except StorageError as exc:
+                _log.warning("could not renew an idempotency lease (next try in %g s): %s",
+                             self.lock_ttl / 3, exc)
+
+    async def _complete(self, record: str, token: str, fp: str, response: StoredResponse) -> None:
+        """Store the response, retrying briefly; if it can't be, the lease stays (logged)."""
+        with anyio.CancelScope(shield=True):
+            for delay in (0.0, *_STORE_RETRY_DELAYS):
+                await asyncio.sleep(delay)
+                try:
+                    stored = await self.store.complete(record, token, fp, response, ttl=self.ttl)
+                except StorageError as exc:
+                    error = exc
+                    continue
+                if not stored:
+                    _log.warning("idempotency lease ran out before the response was ready; "
+                                 "not stored")
+                return
+        _log.error("could not store an idempotent response after %d attempts; its key stays "
+                   "locked until the lease runs out (lock_ttl=%g s), so a retry gets 409 "
+                   "instead of running the handler again: %s",
+                   1 + len(_STORE_RETRY_DELAYS), self.lock_ttl, error)
 
     async def _release(self, record: str, token: str) -> None:
         try:

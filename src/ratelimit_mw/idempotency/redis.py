@@ -1,4 +1,8 @@
-"""Idempotency records in Redis: one script call to claim, one to complete, TTLs on every key."""
+"""Idempotency records in Redis: one script call per step, TTLs on every key.
+
+On a single server, Redis Cluster or the primary Sentinel names, from the same URLs
+as the rate limiter's storage.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ from redis.commands.core import AsyncScript
 from ..breaker import CircuitBreaker
 from ..errors import ConfigError, StorageError
 from ..failure import Gate, positive_seconds
+from ..storage.cluster import CLUSTER_SCHEMES, cluster_client_from_url, redacted
+from ..storage.sentinel import SENTINEL_SCHEMES, sentinel_client_from_url
 from .store import Claim, IdempotencyStore, StoredResponse
 
 __all__ = ["DEFAULT_RECOVERY_INTERVAL", "DEFAULT_TIMEOUT", "RedisIdempotencyStore", "script_source"]
@@ -29,13 +35,34 @@ _FAILURES = (redis_errors.RedisError, OSError, asyncio.TimeoutError)
 
 
 def script_source(name: str) -> str:
-    """The Lua source of one operation (``claim``, ``complete``, ``release``), package data."""
+    """The Lua source of one operation (``claim``, ``complete``, ``renew``, ``release``),
+    package data."""
     return (files(__package__) / "lua" / f"{name}.lua").read_text(encoding="utf-8")
 
 
 def _ms(seconds: float) -> int:
     """Whole milliseconds for PEXPIRE, rounded up and never 0."""
     return max(1, math.ceil(seconds * 1000))
+
+
+def _client_from_url(url: str, timeout: float, options: dict[str, Any]) -> Any:
+    """A client for any Redis URL the rate limiter's storage takes, built the same way."""
+    scheme = url.split("://", 1)[0].lower() if isinstance(url, str) and "://" in url else ""
+    if scheme in CLUSTER_SCHEMES:
+        return cluster_client_from_url(url, timeout=timeout, **options)
+    if scheme in SENTINEL_SCHEMES:
+        return sentinel_client_from_url(url, timeout=timeout, **options)
+    if scheme not in ("redis", "rediss"):
+        msg = (f"couldn't keep idempotency records at {redacted(url)}; expected a redis://, "
+               f"rediss://, redis+cluster://, rediss+cluster:// or redis+sentinel:// URL")
+        raise ConfigError(msg)
+    options.setdefault("socket_timeout", timeout)
+    options.setdefault("socket_connect_timeout", timeout)
+    try:
+        return Redis.from_url(url, **options)
+    except (ValueError, TypeError) as exc:
+        msg = f"couldn't keep idempotency records at {redacted(url)}: {exc}"
+        raise ConfigError(msg) from exc
 
 
 class RedisIdempotencyStore(IdempotencyStore):
@@ -69,8 +96,8 @@ class RedisIdempotencyStore(IdempotencyStore):
     """
 
     __slots__ = (
-        "_claim", "_client", "_complete", "_owns_client", "_release", "breaker", "prefix",
-        "timeout",
+        "_claim", "_client", "_complete", "_owns_client", "_release", "_renew", "breaker",
+        "prefix", "timeout",
     )
 
     def __init__(
@@ -105,6 +132,7 @@ class RedisIdempotencyStore(IdempotencyStore):
         self._owns_client = owns_client
         self._claim: AsyncScript = client.register_script(script_source("claim"))
         self._complete: AsyncScript = client.register_script(script_source("complete"))
+        self._renew: AsyncScript = client.register_script(script_source("renew"))
         self._release: AsyncScript = client.register_script(script_source("release"))
 
     @classmethod
@@ -118,16 +146,16 @@ class RedisIdempotencyStore(IdempotencyStore):
         breaker: Gate | None = None,
         **options: Any,
     ) -> RedisIdempotencyStore:
-        """Connect lazily to ``redis://`` or ``rediss://``; ``timeout`` bounds each call.
+        """Connect lazily to any Redis the rate limiter's storage URLs name: ``redis://``,
+        ``rediss://``, ``redis+cluster://``, ``rediss+cluster://`` or ``redis+sentinel://``
+        (with the same query options); another scheme is a ``ConfigError`` naming the URL.
 
-        ``timeout`` is also the socket timeouts unless ``options`` set them.
+        ``timeout`` bounds each call, and is the socket timeouts unless ``options`` set them.
         """
         timeout = positive_seconds("idempotency store timeout", timeout)
-        options.setdefault("socket_timeout", timeout)
-        options.setdefault("socket_connect_timeout", timeout)
-        options["decode_responses"] = False
-        return cls(Redis.from_url(url, **options), prefix=prefix, owns_client=True,
-                   timeout=timeout, recovery_interval=recovery_interval, breaker=breaker)
+        client = _client_from_url(url, timeout, {**options, "decode_responses": False})
+        return cls(client, prefix=prefix, owns_client=True, timeout=timeout,
+                   recovery_interval=recovery_interval, breaker=breaker)
 
     def __repr__(self) -> str:
         return (f"RedisIdempotencyStore(prefix={self.prefix!r}, timeout={self.timeout:g}, "
@@ -178,8 +206,17 @@ class RedisIdempotencyStore(IdempotencyStore):
         ]
         return bool(await self._run("store an idempotent response", self._complete, key, args))
 
+    async def renew(self, key: str, token: str, *, lock_ttl: float) -> bool:
+        args = [token, _ms(lock_ttl)]
+        return bool(await self._run("renew an idempotency lease", self._renew, key, args))
+
     async def release(self, key: str, token: str) -> None:
         await self._run("release an idempotency key", self._release, key, [token])
+
+    @property
+    def retry_after(self) -> int:
+        """Whole seconds until the breaker lets a call through again (at least 1)."""
+        return max(1, math.ceil(self.breaker.remaining_cooldown))
 
     async def close(self) -> None:
         """Close the client if this store created it."""

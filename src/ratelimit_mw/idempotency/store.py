@@ -37,7 +37,8 @@ class StoredResponse:
 class Claim:
     """The answer to a claim: ours now (with the lease ``token``), busy, reused, or done.
 
-    ``"claimed"``: run the request, then `IdempotencyStore.complete` or ``release``.
+    ``"claimed"``: run the request, renewing the lease, then `IdempotencyStore.complete`
+    or ``release``.
     ``"in_flight"``: another request with this key and fingerprint is running.
     ``"mismatch"``: the key was used for a different request.
     ``"done"``: ``response`` is the stored answer to replay.
@@ -55,8 +56,8 @@ class IdempotencyStore(abc.ABC):
     """Where keys are claimed and responses kept; each method is one atomic step.
 
     ``key`` is already scoped to the caller and hashed by the middleware. The
-    lease taken by `claim` expires after ``lock_ttl`` seconds, so a worker that
-    dies never wedges its key. Backend failures are raised as
+    lease taken by `claim` expires after ``lock_ttl`` seconds unless renewed, so a
+    worker that dies never wedges its key. Backend failures are raised as
     ``ratelimit_mw.StorageError``.
     """
 
@@ -70,11 +71,25 @@ class IdempotencyStore(abc.ABC):
     async def complete(
         self, key: str, token: str, fingerprint: str, response: StoredResponse, *, ttl: float
     ) -> bool:
-        """Keep ``response`` for ``ttl`` seconds; False if another request holds the key now."""
+        """Keep ``response`` for ``ttl`` seconds; False if another request holds the key now.
+
+        Calling it again with the same ``token`` after it stored (an earlier call that
+        seemed to fail but ran) is True and changes nothing.
+        """
+
+    @abc.abstractmethod
+    async def renew(self, key: str, token: str, *, lock_ttl: float) -> bool:
+        """Extend the lease ``token`` on ``key`` to ``lock_ttl`` seconds from now; False
+        if it is not in flight with that token any more (stored, released or lost)."""
 
     @abc.abstractmethod
     async def release(self, key: str, token: str) -> None:
         """Drop the lease ``token`` on ``key`` without storing anything (no-op if not ours)."""
+
+    @property
+    def retry_after(self) -> int:
+        """Whole seconds a client refused because the store failed should wait (at least 1)."""
+        return 1
 
     async def close(self) -> None:  # noqa: B027 - most stores hold nothing to close
         """Release connections; the default has none."""
