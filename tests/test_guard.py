@@ -357,3 +357,25 @@ def test_settings_that_do_nothing_are_refused(options: dict[str, Any], match: st
     with pytest.raises(ValueError, match=match):
         CircuitBreaker(**options)
     CircuitBreaker(failure_exceptions=(), is_failure_result=lambda result: result is None)
+
+
+async def test_a_calls_time_ends_when_its_response_starts(clock: FakeClock) -> None:
+    """The time of a call is the time to its response's start: a background task (or a
+    client reading a stream slowly) after it makes no call slow."""
+    from starlette.background import BackgroundTask
+
+    breaker = CircuitBreaker(name="app", window_size=4, minimum_calls=4, clock=clock,
+                             slow_call_duration=1.0, slow_call_rate_threshold=50)
+
+    async def later() -> None:
+        clock.advance(5.0)  # a background task that takes five seconds
+
+    async def signup(request: Request) -> Response:
+        return JSONResponse({"ok": True}, background=BackgroundTask(later))
+
+    app = Starlette(routes=[Route("/signup", signup, methods=["POST"])],
+                    middleware=[Middleware(BreakerGuard, breaker=breaker)])
+    async with client_for(app) as client:
+        codes = [(await client.post("/signup")).status_code for _ in range(5)]
+    assert codes == [200] * 5
+    assert state_of(breaker) is CircuitState.CLOSED

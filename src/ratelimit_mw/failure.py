@@ -157,24 +157,14 @@ class StorageGuard:
         return verdict, "storage"
 
     async def read(self, call: Callable[[], Awaitable[T]]) -> T:
-        """A read of the storage's (the quota endpoints') under the same breaker and
-        timeout as the decisions: while the breaker rests, refused at once with a
-        ``StorageError`` instead of waiting out the timeout again."""
-        permit = self.breaker.try_acquire()
-        if permit is None:
+        """A read of the storage's (the quota endpoints'): refused at once with a
+        ``StorageError`` while the breaker rests, instead of waiting out a timeout
+        again. Its outcome is not counted: a slow report must not turn the decisions'
+        storage off (the storage's own timeout bounds it)."""
+        if self.breaker.remaining_cooldown > 0:
             msg = "the storage failed and rests for a moment (its breaker is open)"
             raise StorageError(msg)
-        try:
-            async with asyncio.timeout(self.timeout):
-                result = await call()
-        except Exception:
-            permit.record_failure()
-            raise
-        except BaseException:
-            permit.release()
-            raise
-        permit.record_success()
-        return result
+        return await call()
 
     def _degraded(
         self, key: str, hits: Sequence[Hit], usage: bool = False,

@@ -83,9 +83,11 @@ class BreakerGuard:
     """ASGI wrapper that refuses requests with a 503 while ``breaker`` refuses calls.
 
     With ``record=True`` (the default) the wrapped app *is* the protected call:
-    each request takes a permit, a response with status >= ``failure_status``
-    or an exception counts as a failure, anything else as a success, and a
-    client that goes away frees the permit. With ``record=False`` the guard only
+    each request takes a permit, counted when the response starts (its time is
+    the time to that start): a status >= ``failure_status`` or an exception is a
+    failure, anything else a success, and an exception while the body streams
+    counts one failure more; a client that goes away frees the permit, and a 503
+    by which a breaker inside refused counts nothing. With ``record=False`` the guard only
     looks: the code that calls the dependency records through the same breaker
     (``await breaker.call(...)``), and the guard spares the handler while it
     rests. Either way a `CircuitOpenError` that escapes the app before the
@@ -141,27 +143,28 @@ class BreakerGuard:
             await _refuse(error, scope, receive, send)
             return
 
-        status = 0
+        started = False
 
-        def on_status(code: int) -> None:
-            nonlocal status
-            status = code
+        def on_status(status: int) -> None:
+            # Counted when the response starts: the call's time is the dependency's, not
+            # the client's reading of a stream, nor a background task's after it.
+            nonlocal started
+            started = True
+            if status < self.failure_status:
+                permit.record_success()
+            elif _refused_in(scope):
+                permit.release()  # a breaker inside refused (a 503): nothing was tried
+            else:
+                permit.record_failure()
 
         try:
             await self._call_app(scope, receive, send, on_status)
         except BaseException as exc:
-            # An error while streaming is a failure too; a cancellation (client gone)
-            # or another breaker's refusal only frees the slot.
+            if started and isinstance(exc, Exception) and not isinstance(exc, CircuitOpenError):
+                _fail_once_more(breaker)  # it failed while streaming: one more failure
+            # A cancellation (client gone) or another breaker's refusal only frees the slot.
             permit.record_exception(exc)
             raise
-        else:
-            # Counted when the app is done, the body sent. A 503 by which a breaker
-            # inside refused (a guard, breaker_dependency) tried nothing: not counted.
-            if status and not _refused_in(scope):
-                if status >= self.failure_status:
-                    permit.record_failure()
-                else:
-                    permit.record_success()
         finally:
             permit.release()  # the app ended without a response: nothing to count
 
@@ -184,6 +187,13 @@ class BreakerGuard:
             if started:
                 raise
             await _refuse(exc, scope, receive, send)
+
+
+def _fail_once_more(breaker: CircuitBreaker) -> None:
+    """Count a failure after the call's outcome was counted (a stream that broke)."""
+    extra = breaker.try_acquire()
+    if extra is not None:
+        extra.record_failure()
 
 
 _REFUSED = "ratelimit_mw.circuit_refused"

@@ -92,7 +92,7 @@ async def _read(middleware: RateLimitMiddleware, call: Callable[[], Awaitable[T]
 def _unavailable(what: str, middleware: RateLimitMiddleware, exc: BaseException) -> Response:
     retry = middleware.guard.retry_after if middleware.guard is not None else 1
     return _error(503, "quota_unavailable",
-                  f"{what} can't be read right now: {exc or type(exc).__name__}",
+                  f"{what} can't be read right now: {str(exc) or type(exc).__name__}",
                   **{"Retry-After": str(retry)})
 
 

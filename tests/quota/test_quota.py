@@ -335,3 +335,25 @@ async def test_while_the_storage_rests_the_quota_is_refused_at_once() -> None:
         assert response.status_code == 503
         assert "breaker is open" in response.json()["message"]
         assert int(response.headers["retry-after"]) >= 29
+
+
+async def test_failing_quota_reads_leave_the_decisions_storage_on() -> None:
+    """Reads of the quota that fail (a slow report) are not counted on the storage's
+    breaker: the decisions go on being made by the storage, not skipped."""
+    class SlowReports(MemoryStorage):
+        async def decide(self, key: str, hits: Any, **options: Any) -> Any:
+            return await super().decide(key, hits, **options)  # through the guard
+
+        async def usage(self, *args: Any) -> Any:
+            raise StorageError("no answer within 0.05 s")
+
+    app = Starlette(routes=[Route("/hello", hello), *quota_routes()])
+    app.add_middleware(RateLimitMiddleware, tiers=TIERS, key="api_key",
+                       tier_resolver=TierByAPIKey(KEYS), storage=SlowReports(),
+                       quota_history=True)
+    transport = httpx.ASGITransport(app=app, client=("198.51.100.4", 1))
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        histories = [(await client.get(HISTORY, headers=B)).status_code for _ in range(30)]
+        greeted = await client.get("/hello", headers=B)
+    assert histories == [503] * 30
+    assert greeted.headers["x-ratelimit-remaining"] == str(100 - 31)  # decided, not skipped

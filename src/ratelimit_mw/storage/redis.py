@@ -43,6 +43,11 @@ _FAILURES = (redis_errors.RedisError, redis_errors.RedisClusterException, OSErro
              asyncio.TimeoutError)
 
 
+def _cause(exc: BaseException) -> str:
+    """What went wrong, for a message (a timeout's own text is empty)."""
+    return str(exc) or type(exc).__name__
+
+
 def decide_script_source() -> str:
     """The decision script: the prelude, one file per algorithm, then the driver."""
     lua = files("ratelimit_mw.storage") / "lua"
@@ -199,7 +204,7 @@ class RedisStorage(Storage):
                 async with asyncio.timeout(self._bound(timeout)):
                     reply = await self._script(keys=keys, args=args)
         except _FAILURES as exc:
-            msg = f"redis could not decide for {len(hits)} limit(s): {exc or type(exc).__name__}"
+            msg = f"redis could not decide for {len(hits)} limit(s): {_cause(exc)}"
             raise StorageError(msg) from exc
         try:
             allowed = bool(reply[0])
@@ -292,7 +297,7 @@ class RedisStorage(Storage):
                             redis_key(self.prefix, lease.key, lease.scope, lease.uid),
                             lease.id)
         except _FAILURES as exc:
-            msg = f"redis could not release {len(leases)} slot(s): {exc or type(exc).__name__}"
+            msg = f"redis could not release {len(leases)} slot(s): {_cause(exc)}"
             raise StorageError(msg) from exc
 
     def give_back(self, leases: Sequence[Lease]) -> asyncio.Future[Any]:
@@ -318,7 +323,7 @@ class RedisStorage(Storage):
                 tag = f"{identity_tag(self.prefix, key)}u:{granularity[0]}:"
                 counts = await self._client.mget([f"{tag}{n}" for n in buckets])
         except _FAILURES as exc:
-            msg = f"redis could not read the usage of {key!r}: {exc or type(exc).__name__}"
+            msg = f"redis could not read the usage of {key!r}: {_cause(exc)}"
             raise StorageError(msg) from exc
         size = BUCKET_SECONDS[granularity]
         return [(n * size, int(count or 0)) for n, count in zip(buckets, counts, strict=True)]
@@ -335,7 +340,7 @@ class RedisStorage(Storage):
             if batch:
                 await self._client.unlink(*batch)
         except _FAILURES as exc:
-            msg = f"redis could not reset {key!r}: {exc or type(exc).__name__}"
+            msg = f"redis could not reset {key!r}: {_cause(exc)}"
             raise StorageError(msg) from exc
 
     async def ping(self) -> bool:
