@@ -38,6 +38,7 @@ _log = logging.getLogger("ratelimit_mw")
 _IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 _MAX_HOPS = 32  # a longer forwarding chain is hostile; walk no further than this
 _MAX_TOKEN = 64  # an address longer than this is not an address
+_MAX_HEADER = _MAX_HOPS * 256  # of a forwarding header, only this much of its end is read
 
 
 def is_async_callable(fn: object) -> bool:
@@ -153,6 +154,7 @@ _PAIR = re.compile(r'[ \t]*(?:([^\s=,;"]+)[ \t]*=[ \t]*'
                    r'("[^"\\]*+(?:\\.[^"\\]*+)*+"|[^\s,;"]*))?[ \t]*(;|\Z)')
 _QUOTED_PAIR = re.compile(r"\\(.)")
 _MAX_PAIRS = 16  # an element has four parameters (for, by, host, proto) and few more
+_MAX_QUOTED = 4 * _MAX_HOPS  # quoted-strings in the elements read, at most
 # RFC 7239 section 6.3: an obfuscated node, sent instead of the address a proxy hides.
 _OBFNODE = re.compile(r"_[A-Za-z0-9._-]+")
 
@@ -160,13 +162,26 @@ _OBFNODE = re.compile(r"_[A-Za-z0-9._-]+")
 def _forwarded_for(value: str) -> list[str]:
     """The ``for=`` node of each of the last elements of an RFC 7239 ``Forwarded``
     header, in order (``""`` for an element without one, or malformed)."""
+    cut = len(value) > _MAX_HEADER
+    if cut:  # read the end, where the hops that may be believed are
+        value = value[-_MAX_HEADER:]
+    nodes = _forwarded_nodes(value)
+    if cut:
+        nodes[0] = ""  # a piece of an element, maybe: the walk goes no further
+    return nodes
+
+
+def _forwarded_nodes(value: str) -> list[str]:
     if '"' in value and not _splits_plainly(value):
         return [_quoted_for(element) for element in _elements_from_the_right(value)]
     # The usual header: every ',' and ';' separates (none is inside a quoted-string).
     nodes = []
-    for element in value.split(",")[-_MAX_HOPS:]:
+    for element in value.rsplit(",", _MAX_HOPS)[-_MAX_HOPS:]:
         node = ""
-        for pair in element.split(";"):
+        pairs = element.split(";", _MAX_PAIRS)
+        if len(pairs) > _MAX_PAIRS:  # more pairs than any proxy writes: hostile
+            pairs = ["for=_"]
+        for pair in pairs:
             name, _, token = pair.partition("=")
             if name.strip(" \t").lower() == "for":
                 node = token.strip(" \t")
@@ -191,31 +206,44 @@ def _elements_from_the_right(value: str) -> list[str]:
     with an unbalanced quote ends the list (on its left)."""
     elements: list[str] = []
     end = scan = len(value)
+    comma = value.rfind(",", 0, scan)
+    quoted = 0
     while len(elements) < _MAX_HOPS:
-        comma = value.rfind(",", 0, scan)
-        quote = value.rfind('"', 0, scan)
-        if quote > comma:  # a quoted-string ends after the comma: skip to its start
+        # Each search looks only where no other has: linear, however hostile the header.
+        quote = value.rfind('"', comma + 1, scan)
+        if quote >= 0:  # a quoted-string ends after the comma: skip to its start
+            quoted += 1
+            if quoted > _MAX_QUOTED:  # more than the hops could hold: hostile
+                elements.append('for="')
+                break
             scan = _opening_quote(value, quote)
             if scan < 0:
                 elements.append('for="')  # unbalanced: read as malformed, and no further
                 break
+            if scan < comma:  # the comma was inside it
+                comma = value.rfind(",", 0, scan)
             continue
         elements.append(value[comma + 1:end])
         if comma < 0:
             break
         end = scan = comma
+        comma = value.rfind(",", 0, scan)
     elements.reverse()
     return elements
 
 
 def _opening_quote(value: str, closing: int) -> int:
     """Where the quoted-string that ends at ``closing`` starts (the nearest quote on the
-    left not escaped by a backslash), or -1."""
+    left not escaped by a backslash), or -1 (none, or too many escaped ones)."""
     at = closing
-    while (at := value.rfind('"', 0, at)) >= 0:
-        escapes = 0
-        while at - escapes > 0 and value[at - escapes - 1] == "\\":
-            escapes += 1
+    for _ in range(_MAX_QUOTED):  # escaped quotes in one quoted-string: a few at most
+        at = value.rfind('"', 0, at)
+        if at < 0:
+            return -1
+        before = value[max(0, at - 64):at]
+        escapes = len(before) - len(before.rstrip("\\"))
+        if escapes == 64:
+            return -1  # a run of backslashes that long: hostile
         if escapes % 2 == 0:
             return at
     return -1
@@ -325,7 +353,7 @@ class ClientIP:
         if forwarded:
             hops = _forwarded_for(value)
         else:
-            hops = [_strip_port(hop.strip()) for hop in value.split(",")[-_MAX_HOPS:]]
+            hops = [_strip_port(hop.strip()) for hop in value.rsplit(",", _MAX_HOPS)[-_MAX_HOPS:]]
         client = peer
         for hop in reversed(hops):
             if len(hop) > _MAX_TOKEN or (_group(hop, 128) is None and not (

@@ -83,6 +83,11 @@ def test_client_ip(trusted: list[str], peer: str | None, headers: list[tuple[str
     ('for=", for=192.0.2.66', "ip:192.0.2.66"),
     ('for=198.51.100.9;by="x, for=192.0.2.67', "ip:192.0.2.67"),
     ('for=1.1.1.1;host="a,b",' + "for=1.1.1.1," * 300 + " for=192.0.2.68", "ip:192.0.2.68"),
+    # Hostile prefixes, read in bounded time (only the header's end, a few quoted-strings
+    # and escapes): the proxy's element is still read.
+    ('for="' + '\\"' * 40_000 + '", for=192.0.2.69', "ip:192.0.2.69"),
+    ('x="a";' * 20_000 + ", for=192.0.2.70", "ip:192.0.2.70"),
+    ("for=" + ";" * 80_000 + ", for=192.0.2.71", "ip:192.0.2.71"),
     # RFC 7239 section 6.3: an obfuscated node is a client of its own; "unknown" is not.
     ("for=_client-a", "ip:_client-a"),
     ('for="_hidden:_port"', "ip:_hidden"),
