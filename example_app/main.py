@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -152,13 +153,10 @@ async def create_report() -> dict[str, str]:
     return {"report": "queued"}
 
 
-_payments = iter(range(1, 1 << 62))
-
-
 @app.post("/api/v1/payments", status_code=201)
 async def create_payment(payment: dict[str, Any]) -> dict[str, Any]:
     # Runs once per Idempotency-Key: a retry gets this same answer replayed.
-    return {"payment_id": f"pay_{next(_payments)}", "status": "succeeded", **payment}
+    return {"payment_id": f"pay_{uuid.uuid4().hex[:16]}", "status": "succeeded", **payment}
 
 
 @app.get("/api/v1/upstream", dependencies=[Depends(breaker_dependency(upstream_breaker))])

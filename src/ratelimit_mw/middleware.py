@@ -218,8 +218,9 @@ class RateLimitMiddleware:
             self._local if self._local is not None else self._gives_back)
         self._routes = RouteTable(app, [*settings.build_routes(), *rules], settings.exempt_paths)
         for pattern in self._routes.unreachable():
-            _log.warning("ratelimit_mw: the route pattern %r matches no route of the app; "
-                         "its limits or exemption never apply", pattern)
+            _log.warning("ratelimit_mw: the route pattern %r matches no route of the app "
+                         "(as its routes are when the middleware starts); its limits or "
+                         "exemption never apply", pattern)
         # The table's own cache, read here first: RouteTable is interpreted code, and a
         # call into it costs more than the look-up.
         self._route_cache: dict[tuple[str, ...], RouteSpec] = self._routes.cache

@@ -410,9 +410,12 @@ class RouteTable:
         typo, a trailing slash the routes don't have): named in a start-up warning.
         Lenient where it can't tell: a pattern is only named when it surely misses."""
         rules = (*self.rules, *self.exempt_rules)
-        if self._router is None or not rules or getattr(
-                self._router, "_low_priority_routes", None):
-            return []  # (routes it can't see: FastAPI's frontend routes; no judging)
+        router = self._router
+        if router is None or not rules or getattr(router, "_low_priority_routes", None) or (
+                _answers_anything(router)):
+            # Routes it can't see (FastAPI's frontend routes), or a default app that
+            # answers what no route does: no judging.
+            return []
         shapes: list[_Shape] = []
         for path, below in _shapes(self._router.routes):
             if below is None:
@@ -448,6 +451,13 @@ class RouteTable:
         label, route = found
         marks, is_exempt, route_cost = _endpoint_marks(route, method)
         return _spec(label, marks, rules, is_exempt, route_cost, _methods(route, method))
+
+
+def _answers_anything(router: Any) -> bool:
+    """True when the router's ``default`` is an app of its own, not Starlette's 404."""
+    default = getattr(router, "default", None)
+    own = getattr(type(router), "not_found", None)
+    return default is not None and getattr(default, "__func__", None) is not own
 
 
 def _shapes(routes: Iterable[Any], prefix: str = "", depth: int = 0,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -320,3 +321,21 @@ def test_memory_store_size_is_checked(value: object) -> None:
     """max_entries must be a whole number >= 1."""
     with pytest.raises(ConfigError, match="max_entries"):
         MemoryIdempotencyStore(max_entries=value)  # type: ignore[arg-type]
+
+
+async def test_a_store_without_renew_keeps_its_leases_as_claimed() -> None:
+    """A custom store written before renew existed still works: renew says False (the
+    lease runs its lock_ttl from the claim)."""
+    from ratelimit_mw.idempotency.store import IdempotencyStore
+
+    class Plain(IdempotencyStore):
+        async def claim(self, key: str, fingerprint: str, *, lock_ttl: float) -> Any:
+            raise NotImplementedError
+
+        async def complete(self, *args: Any, **kwargs: Any) -> bool:
+            return True
+
+        async def release(self, key: str, token: str) -> None:
+            return None
+
+    assert await Plain().renew("k", "t", lock_ttl=1.0) is False

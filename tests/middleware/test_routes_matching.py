@@ -269,8 +269,9 @@ def test_patterns_that_match_no_route_are_named_at_start_up(
                             exempt_paths=["/health", "/search"])
     named = [message for message in caplog.messages if "matches no route" in message]
     assert sorted(named) == sorted(
-        f"ratelimit_mw: the route pattern {p!r} matches no route of the app; its limits or "
-        f"exemption never apply" for p in ("/serach", "/items/", "/health"))
+        f"ratelimit_mw: the route pattern {p!r} matches no route of the app (as its routes "
+        f"are when the middleware starts); its limits or exemption never apply"
+        for p in ("/serach", "/items/", "/health"))
 
 
 def test_a_method_no_standard_defines_is_named(caplog: pytest.LogCaptureFixture) -> None:
@@ -299,4 +300,18 @@ def test_an_app_with_frontend_routes_is_not_judged(
     with caplog.at_level(logging.WARNING, logger="ratelimit_mw"):
         RateLimitMiddleware(app.router, tiers=TIER, storage=memory,
                             exempt_paths=["/assets/*", "/"])
+    assert not [m for m in caplog.messages if "matches no route" in m]
+
+
+def test_a_router_with_a_default_app_is_not_judged(
+    memory: MemoryStorage, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A router whose default app answers what no route does: no pattern is named."""
+    import logging
+
+    from starlette.routing import Router
+
+    app = Router(routes=[Route("/search", ok)], default=PlainTextResponse("catch-all"))
+    with caplog.at_level(logging.WARNING, logger="ratelimit_mw"):
+        RateLimitMiddleware(app, tiers=TIER, storage=memory, exempt_paths=["/app/*"])
     assert not [m for m in caplog.messages if "matches no route" in m]

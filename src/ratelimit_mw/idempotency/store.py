@@ -77,10 +77,14 @@ class IdempotencyStore(abc.ABC):
         seemed to fail but ran) is True and changes nothing.
         """
 
-    @abc.abstractmethod
     async def renew(self, key: str, token: str, *, lock_ttl: float) -> bool:
         """Extend the lease ``token`` on ``key`` to ``lock_ttl`` seconds from now; False
-        if it is not in flight with that token any more (stored, released or lost)."""
+        if it is not in flight with that token any more (stored, released or lost).
+
+        A store that can't extend a lease keeps this default: False, so the lease
+        runs its ``lock_ttl`` from the claim (make that longer than your slowest
+        handler)."""
+        return False
 
     @abc.abstractmethod
     async def release(self, key: str, token: str) -> None:
