@@ -379,3 +379,41 @@ async def test_a_calls_time_ends_when_its_response_starts(clock: FakeClock) -> N
         codes = [(await client.post("/signup")).status_code for _ in range(5)]
     assert codes == [200] * 5
     assert state_of(breaker) is CircuitState.CLOSED
+
+
+async def test_a_trial_that_breaks_mid_stream_opens_again_and_counts_once(
+    clock: FakeClock,
+) -> None:
+    """One outcome per call: a half-open trial whose body breaks opens the breaker
+    again (it is not a success first), and a 500 whose body breaks is one failure."""
+    from starlette.responses import StreamingResponse
+
+    breaker = CircuitBreaker(name="up", window_size=4, minimum_calls=4, cooldown=COOLDOWN,
+                             clock=clock, probe_timeout=1.0)
+    status = 200
+
+    async def endpoint(request: Request) -> Response:
+        async def chunks() -> Any:
+            yield b"first"
+            clock.advance(5.0)  # a long stream: longer than probe_timeout
+            raise ConnectionError("upstream dropped mid-stream")
+
+        return StreamingResponse(chunks(), status_code=status)
+
+    app = Starlette(routes=[Route("/feed", endpoint)],
+                    middleware=[Middleware(BreakerGuard, breaker=breaker)])
+    async with client_for(app) as client:
+        for _ in range(4):
+            await client.get("/feed")
+        assert state_of(breaker) is CircuitState.OPEN
+        clock.advance(COOLDOWN)
+        assert state_of(breaker) is CircuitState.HALF_OPEN
+        await client.get("/feed")
+        assert state_of(breaker) is CircuitState.OPEN
+    other = CircuitBreaker(name="once", window_size=4, minimum_calls=2, clock=clock)
+    status = 500
+    app = Starlette(routes=[Route("/feed", endpoint)],
+                    middleware=[Middleware(BreakerGuard, breaker=other)])
+    async with client_for(app) as client:
+        await client.get("/feed")
+    assert "1/1 calls failed" in repr(other)

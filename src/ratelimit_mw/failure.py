@@ -160,11 +160,14 @@ class StorageGuard:
         """A read of the storage's (the quota endpoints'): refused at once with a
         ``StorageError`` while the breaker rests, instead of waiting out a timeout
         again. Its outcome is not counted: a slow report must not turn the decisions'
-        storage off (the storage's own timeout bounds it)."""
+        storage off. It may take ten times the decisions' timeout, a second at least
+        (then ``TimeoutError``)."""
         if self.breaker.remaining_cooldown > 0:
             msg = "the storage failed and rests for a moment (its breaker is open)"
             raise StorageError(msg)
-        return await call()
+        # Bounded, more loosely than a decision (a report may take two round trips).
+        async with asyncio.timeout(max(1.0, 10 * self.timeout)):
+            return await call()
 
     def _degraded(
         self, key: str, hits: Sequence[Hit], usage: bool = False,

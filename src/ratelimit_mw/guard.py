@@ -83,11 +83,11 @@ class BreakerGuard:
     """ASGI wrapper that refuses requests with a 503 while ``breaker`` refuses calls.
 
     With ``record=True`` (the default) the wrapped app *is* the protected call:
-    each request takes a permit, counted when the response starts (its time is
-    the time to that start): a status >= ``failure_status`` or an exception is a
-    failure, anything else a success, and an exception while the body streams
-    counts one failure more; a client that goes away frees the permit, and a 503
-    by which a breaker inside refused counts nothing. With ``record=False`` the guard only
+    each request takes a permit, counted once when the app is done, its time the
+    time to the response's start: a status >= ``failure_status`` or an exception
+    (also while the body streams) is a failure, anything else a success; a client
+    that goes away frees the permit, and a 503 by which a breaker inside refused
+    counts nothing. With ``record=False`` the guard only
     looks: the code that calls the dependency records through the same breaker
     (``await breaker.call(...)``), and the guard spares the handler while it
     rests. Either way a `CircuitOpenError` that escapes the app before the
@@ -143,28 +143,28 @@ class BreakerGuard:
             await _refuse(error, scope, receive, send)
             return
 
-        started = False
+        answered = 0
 
         def on_status(status: int) -> None:
-            # Counted when the response starts: the call's time is the dependency's, not
-            # the client's reading of a stream, nor a background task's after it.
-            nonlocal started
-            started = True
-            if status < self.failure_status:
-                permit.record_success()
-            elif _refused_in(scope):
-                permit.release()  # a breaker inside refused (a 503): nothing was tried
-            else:
-                permit.record_failure()
+            # The call's time ends when its response starts (the dependency's time, not
+            # a client reading a stream nor a background task after it); its outcome
+            # is counted when the app is done, once: a body that breaks is a failure.
+            nonlocal answered
+            answered = status
+            permit.stop_clock()
 
         try:
             await self._call_app(scope, receive, send, on_status)
         except BaseException as exc:
-            if started and isinstance(exc, Exception) and not isinstance(exc, CircuitOpenError):
-                _fail_once_more(breaker)  # it failed while streaming: one more failure
             # A cancellation (client gone) or another breaker's refusal only frees the slot.
             permit.record_exception(exc)
             raise
+        else:
+            if answered and answered < self.failure_status:
+                permit.record_success()
+            elif answered and not _refused_in(scope):
+                permit.record_failure()
+            # else a 503 by which a breaker inside refused: nothing was tried
         finally:
             permit.release()  # the app ended without a response: nothing to count
 
@@ -187,13 +187,6 @@ class BreakerGuard:
             if started:
                 raise
             await _refuse(exc, scope, receive, send)
-
-
-def _fail_once_more(breaker: CircuitBreaker) -> None:
-    """Count a failure after the call's outcome was counted (a stream that broke)."""
-    extra = breaker.try_acquire()
-    if extra is not None:
-        extra.record_failure()
 
 
 _REFUSED = "ratelimit_mw.circuit_refused"

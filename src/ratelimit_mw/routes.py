@@ -453,6 +453,16 @@ class RouteTable:
         return _spec(label, marks, rules, is_exempt, route_cost, _methods(route, method))
 
 
+def _segments_fit(rule: str, route: str) -> bool:
+    """Whether a path could match both patterns, segment by segment: equal, or a
+    parameter on either side (and anything where either spans segments)."""
+    if "*" in rule or ":path}" in route:
+        return True
+    left, right = rule.split("/"), route.split("/")
+    return len(left) == len(right) and all(
+        a == b or "{" in a or "{" in b for a, b in zip(left, right, strict=True))
+
+
 def _answers_anything(router: Any) -> bool:
     """True when the router's ``default`` is an app of its own, not Starlette's 404."""
     default = getattr(router, "default", None)
@@ -472,9 +482,12 @@ def _shapes(routes: Iterable[Any], prefix: str = "", depth: int = 0,
         own = getattr(route, "path", "")
         path = prefix + (own if isinstance(own, str) else "")
         children = _children(route)
-        if children and depth < 10:
+        inner = find_router(getattr(route, "app", None))
+        if children and depth < 10 and not (inner is not None and _answers_anything(inner)):
             yield from _shapes(children, path, depth + 1)
         else:
+            # A leaf, or a mount that answers any path below it: of an app without
+            # routes, or of a router with a default app of its own.
             yield path, children is not None
 
 
@@ -509,7 +522,7 @@ class _Shape:
         if self.regex is None or rule.pattern.fullmatch(self.sample) or self.regex.match(sample):
             return True
         # Both have parameters: a literal of one may fit a parameter of the other.
-        return literal != rule.path and self.literal != self.path
+        return _segments_fit(rule.path, self.path)
 
 
 def _host(scope: Scope) -> str:

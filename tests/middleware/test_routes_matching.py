@@ -13,7 +13,7 @@ from starlette.endpoints import HTTPEndpoint
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
-from starlette.routing import Host, Mount, Route
+from starlette.routing import Host, Mount, Route, Router
 
 from ratelimit_mw import ConfigError, MemoryStorage
 from ratelimit_mw.middleware import RateLimitMiddleware
@@ -255,7 +255,10 @@ def test_patterns_that_match_no_route_are_named_at_start_up(
                             Route("/files/{path:path}", ok), Route("/users/{id}", ok),
                             Route("/users/me/{what}", ok),
                             Route("/orgs/{org}/repos/{repo:path}", ok),
-                            Mount("/static", app=static)])
+                            Route("/teams/{id}/posts", ok),
+                            Mount("/static", app=static),
+                            Mount("/v1", app=Router(routes=[Route("/health", ok)],
+                                                    default=PlainTextResponse("legacy")))])
     rules = [RouteRule("/serach", limits="1/minute"), RouteRule("/items/", limits="1/minute"),
              RouteRule("/files/*", limits="1/minute"), RouteRule("/users/42", limits="1/minute"),
              RouteRule("/users/{uid}", limits="1/minute"),
@@ -263,7 +266,12 @@ def test_patterns_that_match_no_route_are_named_at_start_up(
              # parameters in different segments of the rule and the route
              RouteRule("/users/{id}/avatar", limits="1/minute"),
              RouteRule("/orgs/acme/*", limits="1/minute"),
-             RouteRule("/*/acme/repos/x", limits="1/minute")]
+             RouteRule("/*/acme/repos/x", limits="1/minute"),
+             # typos in patterns with parameters are still named
+             RouteRule("/teams/{id}/posts/", limits="1/minute"),
+             RouteRule("/teams/{id}/postz", limits="1/minute"),
+             # below a mounted router with a default app: anything may be answered
+             RouteRule("/v1/orders/*", limits="1/minute")]
     with caplog.at_level(logging.WARNING, logger="ratelimit_mw"):
         RateLimitMiddleware(app.router, tiers=TIER, storage=memory, rules=rules,
                             exempt_paths=["/health", "/search"])
@@ -271,7 +279,7 @@ def test_patterns_that_match_no_route_are_named_at_start_up(
     assert sorted(named) == sorted(
         f"ratelimit_mw: the route pattern {p!r} matches no route of the app (as its routes "
         f"are when the middleware starts); its limits or exemption never apply"
-        for p in ("/serach", "/items/", "/health"))
+        for p in ("/serach", "/items/", "/teams/{id}/posts/", "/teams/{id}/postz", "/health"))
 
 
 def test_a_method_no_standard_defines_is_named(caplog: pytest.LogCaptureFixture) -> None:

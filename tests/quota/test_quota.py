@@ -357,3 +357,29 @@ async def test_failing_quota_reads_leave_the_decisions_storage_on() -> None:
         greeted = await client.get("/hello", headers=B)
     assert histories == [503] * 30
     assert greeted.headers["x-ratelimit-remaining"] == str(100 - 31)  # decided, not skipped
+
+
+async def test_a_stalled_quota_read_is_bounded() -> None:
+    """A storage that stalls on the report (Redis in a long command): the quota
+    endpoint answers 503 within its bound (ten times the decisions' timeout, a second
+    at least), not when the storage wakes up."""
+    import asyncio
+    import time
+
+    class Stalls(MemoryStorage):
+        async def decide(self, key: str, hits: Any, **options: Any) -> Any:
+            return await super().decide(key, hits, **options)  # through the guard
+
+        async def usage(self, *args: Any) -> Any:
+            await asyncio.sleep(30)
+
+    app = Starlette(routes=[Route("/hello", hello), *quota_routes()])
+    app.add_middleware(RateLimitMiddleware, tiers=TIERS, key="api_key",
+                       tier_resolver=TierByAPIKey(KEYS), storage=Stalls(), quota_history=True)
+    transport = httpx.ASGITransport(app=app, client=("198.51.100.4", 1))
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        started = time.monotonic()
+        response = await client.get(HISTORY, headers=B)
+    assert response.status_code == 503
+    assert "TimeoutError" in response.json()["message"]
+    assert time.monotonic() - started < 5

@@ -40,16 +40,25 @@ class Permit:
     The first report counts and later ones are ignored, so ``release()`` in a
     ``finally`` is always safe. A report is also ignored when the breaker has
     changed state since the permit was given (the call belongs to a past epoch).
-    ``started`` is the breaker's clock reading when the permit was given.
+    ``started`` is the breaker's clock reading when the permit was given; ``ended``,
+    once ``stop_clock`` is called, when the call's time stopped (its outcome may be
+    known only later: a response whose body streams after it started).
     """
 
-    __slots__ = ("_breaker", "_done", "_epoch", "started")
+    __slots__ = ("_breaker", "_done", "_epoch", "ended", "started")
 
     def __init__(self, breaker: BreakerCore, epoch: int, started: float) -> None:
         self._breaker = breaker
         self._epoch = epoch
         self._done = False
         self.started = started
+        self.ended: float | None = None
+
+    def stop_clock(self) -> None:
+        """The call's time ends now (slow or not, and no longer a trial call that may
+        run past ``probe_timeout``), though its outcome is reported later."""
+        if self.ended is None:
+            self.ended = self._breaker._clock()
 
     def record_success(self) -> None:
         """The call worked (it may still count as slow)."""
@@ -288,8 +297,9 @@ class BreakerCore:
         while True:
             if self._state is _OPEN and now >= self._opened_at + self._cooldown:
                 self._transition(_HALF_OPEN, now, "cooldown over")
-            elif self._state is _HALF_OPEN and self._probes:
-                deadline = min(probe.started for probe in self._probes) + self._probe_timeout
+            elif self._state is _HALF_OPEN and (running := [
+                    probe.started for probe in self._probes if probe.ended is None]):
+                deadline = min(running) + self._probe_timeout
                 if now < deadline:
                     return
                 reason = f"a trial call ran past probe_timeout={self._probe_timeout:g}s"
@@ -345,8 +355,9 @@ def _record(breaker: BreakerCore, permit: Permit, epoch: int, failed: bool) -> N
         breaker._refresh(now)
     if epoch != breaker._epoch:
         return
+    ended = permit.ended if permit.ended is not None else now
     slow = breaker._slow_call_duration is not None and (
-        now - permit.started > breaker._slow_call_duration
+        ended - permit.started > breaker._slow_call_duration
     )
     if breaker._state is _CLOSED:
         window = breaker._window
