@@ -411,15 +411,14 @@ class RouteTable:
         Lenient where it can't tell: a pattern is only named when it surely misses."""
         rules = (*self.rules, *self.exempt_rules)
         router = self._router
-        if router is None or not rules or getattr(router, "_low_priority_routes", None) or (
-                _answers_anything(router)):
-            # Routes it can't see (FastAPI's frontend routes), or a default app that
-            # answers what no route does: no judging.
+        # Routes it can't see (FastAPI's frontend routes), or a default app that answers
+        # what no route does: no judging.
+        if router is None or not rules or _has_frontend(router) or _answers_anything(router):
             return []
         shapes: list[_Shape] = []
-        for path, below in _shapes(self._router.routes):
+        for path, below in _shapes(router.routes):
             if below is None:
-                return []  # routes it can't see (FastAPI's frontend routes): no judging
+                return []
             shapes.append(_Shape(path, below))
         if not shapes:
             return []
@@ -463,6 +462,11 @@ def _segments_fit(rule: str, route: str) -> bool:
         a == b or "{" in a or "{" in b for a, b in zip(left, right, strict=True))
 
 
+def _has_frontend(router: Any) -> bool:
+    """True when FastAPI keeps frontend routes on ``router``, apart from its routes."""
+    return bool(getattr(router, "_low_priority_routes", None))
+
+
 def _answers_anything(router: Any) -> bool:
     """True when the router's ``default`` is an app of its own, not Starlette's 404."""
     default = getattr(router, "default", None)
@@ -476,8 +480,7 @@ def _shapes(routes: Iterable[Any], prefix: str = "", depth: int = 0,
     no routes of its own, which answers any path below it; None: a router with routes
     it keeps apart (FastAPI's low-priority frontend routes)."""
     for route in routes:
-        if getattr(route, "_low_priority_routes", None) or getattr(
-                getattr(route, "original_router", None), "_low_priority_routes", None):
+        if _has_frontend(route) or _has_frontend(getattr(route, "original_router", None)):
             yield prefix, None
         own = getattr(route, "path", "")
         path = prefix + (own if isinstance(own, str) else "")
