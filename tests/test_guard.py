@@ -11,7 +11,7 @@ import pytest
 from fastapi import Depends, FastAPI
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
@@ -398,3 +398,103 @@ async def test_a_trial_that_breaks_mid_stream_opens_again_and_counts_once(
     async with client_for(app) as client:
         await client.get("/feed")
     assert "1/1 calls failed" in repr(other)
+
+
+async def test_a_trial_whose_stream_never_ends_gives_its_slot_back_at_its_deadline(
+    clock: FakeClock,
+) -> None:
+    """A half-open trial that started its response and then streams on for ever does
+    not wedge the breaker: at probe_timeout its slot goes back (counted neither way)."""
+    import asyncio
+
+    breaker = CircuitBreaker(name="dep", window_size=2, minimum_calls=2, cooldown=5,
+                             probe_timeout=10, clock=clock)
+    for _ in range(2):
+        breaker.acquire().record_failure()
+    clock.advance(6)
+    forever = asyncio.Event()
+
+    async def stream(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"chunk", "more_body": True})
+        await forever.wait()
+
+    guard = BreakerGuard(stream, breaker=breaker)
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    async def receive() -> Any:
+        await asyncio.sleep(3600)
+
+    scope = {"type": "http", "method": "GET", "path": "/", "headers": []}
+    trial = asyncio.create_task(guard(scope, receive, send))
+    await asyncio.sleep(0.01)
+    assert breaker.try_acquire() is None  # the one trial slot is taken
+    clock.advance(11)  # past its probe_timeout
+    permit = breaker.try_acquire()
+    assert permit is not None
+    permit.record_success()
+    assert state_of(breaker) is CircuitState.CLOSED
+    trial.cancel()
+
+
+async def test_a_client_that_goes_away_is_no_failure(breaker: CircuitBreaker) -> None:
+    """The client leaving while its body is read (Starlette's ClientDisconnect), or a
+    send that fails on its connection: the permit goes back, nothing is counted."""
+    import asyncio
+
+    async def upload(request: Request) -> Response:
+        await request.body()
+        return JSONResponse({"ok": True})
+
+    guard = BreakerGuard(Starlette(routes=[Route("/u", upload, methods=["POST"])]),
+                         breaker=breaker)
+
+    async def gone() -> Any:
+        return {"type": "http.disconnect"}
+
+    async def send(message: Any) -> None:
+        return None
+
+    async def broken(message: Any) -> None:
+        if message["type"] == "http.response.body":
+            raise OSError("connection reset by peer")
+
+    scope = {"type": "http", "method": "POST", "path": "/u", "headers": [],
+             "query_string": b""}
+    with pytest.raises(ClientDisconnect):
+        await guard(dict(scope), gone, send)
+    ok_body = [{"type": "http.request", "body": b"x", "more_body": False}]
+
+    async def one() -> Any:
+        return ok_body.pop() if ok_body else await asyncio.sleep(3600)
+
+    with pytest.raises(OSError):
+        await guard(dict(scope), one, broken)
+    assert "0/0 calls failed" in repr(breaker)
+
+
+async def test_a_refusal_inside_counts_nothing_whatever_failure_status(
+    clock: FakeClock,
+) -> None:
+    """With failure_status above 503, an inner breaker's 503 is still no success."""
+    outer = CircuitBreaker(name="outer", window_size=2, minimum_calls=2, clock=clock)
+    inner = CircuitBreaker(name="inner", window_size=2, minimum_calls=2, clock=clock,
+                           cooldown=60)
+    for _ in range(2):
+        inner.acquire().record_failure()
+
+    async def endpoint(request: Request) -> Response:
+        async def query() -> None:
+            return None
+        await inner.call(query)
+        return JSONResponse({"ok": True})
+
+    app = Starlette(routes=[Route("/x", endpoint)], middleware=[
+        Middleware(BreakerGuard, breaker=outer, failure_status=504),
+        Middleware(BreakerGuard, breaker=inner, record=False)])
+    async with client_for(app) as client:
+        assert (await client.get("/x")).status_code == 503
+    assert "0/0 calls failed" in repr(outer)

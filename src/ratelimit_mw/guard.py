@@ -12,7 +12,7 @@ import math
 from collections.abc import Awaitable, Callable
 
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -134,7 +134,7 @@ class BreakerGuard:
             if refusal is not None:
                 await _refuse(refusal, scope, receive, send)
                 return
-            await self._call_app(scope, receive, send, lambda status: None)
+            await self._call_app(scope, _Call(receive, send))
             return
 
         permit = breaker.try_acquire()
@@ -143,50 +143,69 @@ class BreakerGuard:
             await _refuse(error, scope, receive, send)
             return
 
-        answered = 0
-
-        def on_status(status: int) -> None:
-            # The call's time ends when its response starts (the dependency's time, not
-            # a client reading a stream nor a background task after it); its outcome
-            # is counted when the app is done, once: a body that breaks is a failure.
-            nonlocal answered
-            answered = status
-            permit.stop_clock()
-
+        # The call's time ends when its response starts (the dependency's time, not a
+        # client reading a stream nor a background task after it); its outcome is
+        # counted when the app is done, once: a body that breaks is a failure.
+        call = _Call(receive, send, permit.stop_clock)
         try:
-            await self._call_app(scope, receive, send, on_status)
+            await self._call_app(scope, call)
         except BaseException as exc:
-            # A cancellation (client gone) or another breaker's refusal only frees the slot.
-            permit.record_exception(exc)
+            if call.gone or isinstance(exc, ClientDisconnect):
+                permit.release()  # the client went away: nothing said of the dependency
+            else:
+                # A cancellation or another breaker's refusal only frees the slot too.
+                permit.record_exception(exc)
             raise
         else:
-            if answered and answered < self.failure_status:
-                permit.record_success()
-            elif answered and not _refused_in(scope):
-                permit.record_failure()
-            # else a 503 by which a breaker inside refused: nothing was tried
+            # No response, or a 503 by which a breaker inside refused: nothing to count.
+            if call.status and not _refused_in(scope):
+                if call.status < self.failure_status:
+                    permit.record_success()
+                else:
+                    permit.record_failure()
         finally:
-            permit.release()  # the app ended without a response: nothing to count
+            permit.release()
 
-    async def _call_app(
-        self, scope: Scope, receive: Receive, send: Send, on_status: Callable[[int], None]
-    ) -> None:
-        """Run the app, reporting the response status, and turn a refusal inside into a 503."""
-        started = False
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-                on_status(message["status"])
-            await send(message)
-
+    async def _call_app(self, scope: Scope, call: _Call) -> None:
+        """Run the app, and turn a refusal inside, before the response, into a 503."""
         try:
-            await self.app(scope, receive, send_wrapper)
+            await self.app(scope, call.receive, call.send)
         except CircuitOpenError as exc:
-            if started:
+            if call.status:
                 raise
-            await _refuse(exc, scope, receive, send)
+            await _refuse(exc, scope, call.upstream_receive, call.upstream_send)
+
+
+class _Call:
+    """The app's side of one guarded request: the status it answered (0: none yet),
+    and whether the client went away (a disconnect received, or a send that failed)."""
+
+    __slots__ = ("gone", "on_start", "status", "upstream_receive", "upstream_send")
+
+    def __init__(self, receive: Receive, send: Send,
+                 on_start: Callable[[], None] | None = None) -> None:
+        self.upstream_receive = receive
+        self.upstream_send = send
+        self.on_start = on_start
+        self.status = 0
+        self.gone = False
+
+    async def receive(self) -> Message:
+        message = await self.upstream_receive()
+        if message["type"] == "http.disconnect":
+            self.gone = True
+        return message
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            if self.on_start is not None:
+                self.on_start()
+        try:
+            await self.upstream_send(message)
+        except OSError:
+            self.gone = True  # the client's connection, not the dependency
+            raise
 
 
 _REFUSED = "ratelimit_mw.circuit_refused"

@@ -297,8 +297,15 @@ class BreakerCore:
         while True:
             if self._state is _OPEN and now >= self._opened_at + self._cooldown:
                 self._transition(_HALF_OPEN, now, "cooldown over")
-            elif self._state is _HALF_OPEN and (running := [
-                    probe.started for probe in self._probes if probe.ended is None]):
+            elif self._state is _HALF_OPEN and self._probes:
+                # A trial whose clock stopped (its response started) but that never
+                # ends gives its slot back at its deadline, counted neither way.
+                stale = [probe for probe in self._probes if probe.ended is not None
+                         and now >= probe.started + self._probe_timeout]
+                self._probes.difference_update(stale)
+                running = [probe.started for probe in self._probes if probe.ended is None]
+                if not running:
+                    return
                 deadline = min(running) + self._probe_timeout
                 if now < deadline:
                     return
