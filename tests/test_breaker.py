@@ -700,3 +700,29 @@ def test_time_window_may_need_more_calls_than_seconds() -> None:
     """``minimum_calls`` above ``window_size`` is fine for a time window."""
     breaker = CircuitBreaker(window_type="time", window_size=5, minimum_calls=50)
     assert breaker.state is CLOSED
+
+
+@pytest.mark.parametrize("failed", [False, True])
+def test_a_trial_dropped_at_its_deadline_is_not_counted_later(failed: bool) -> None:
+    """A half-open trial whose clock stopped and that ran past probe_timeout gave its
+    slot back uncounted: its late report changes nothing (the trial after it decides)."""
+    from ratelimit_mw.breaker import CircuitBreaker, CircuitState
+
+    now = [0.0]
+    breaker = CircuitBreaker(name="db", window_size=2, minimum_calls=2, cooldown=5,
+                             probe_timeout=10, clock=lambda: now[0])
+    for _ in range(2):
+        breaker.acquire().record_failure()
+    now[0] += 5
+    first = breaker.acquire()
+    first.stop_clock()  # its response started; its body streams on
+    now[0] += 10
+    second = breaker.try_acquire()
+    assert second is not None
+    if failed:
+        first.record_failure()
+    else:
+        first.record_success()
+    assert breaker.state is CircuitState.HALF_OPEN
+    second.record_success()
+    assert breaker.state is CircuitState.CLOSED

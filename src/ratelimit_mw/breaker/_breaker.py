@@ -358,6 +358,7 @@ def _record(breaker: BreakerCore, permit: Permit, epoch: int, failed: bool) -> N
     """Count the outcome of a permitted call (a function, not a method: compiled, the
     permit calls it directly, also for breakers of an interpreted subclass)."""
     now = breaker._clock()
+    trial = permit in breaker._probes  # before the refresh, which may drop it now
     if breaker._state is not _CLOSED:  # closed: nothing falls due in time
         breaker._refresh(now)
     if epoch != breaker._epoch:
@@ -385,6 +386,8 @@ def _record(breaker: BreakerCore, permit: Permit, epoch: int, failed: bool) -> N
             return
         breaker._transition(_OPEN, now, f"{reason} over {calls} calls")
     elif breaker._state is _HALF_OPEN:
+        if not trial:
+            return  # dropped at its deadline before it reported: counted neither way
         breaker._probes.discard(permit)
         if failed:
             breaker._transition(_OPEN, now, "a trial call failed")
