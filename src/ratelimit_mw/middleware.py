@@ -851,12 +851,11 @@ class _Completing(_Adding):
 
     def __call__(self, message: Message) -> Awaitable[None]:
         if message["type"] in _RESPONSE_STARTS:
-            own = message.get("headers", ())
-            names = {name.lower() for name, _ in own}
-            added = [header for header in self.headers if header[0] not in names]
-            if message.get("status") == 429 and b"cache-control" not in names:
-                added.append((b"cache-control", b"no-store"))
-            message = {**message, "headers": [*own, *added]}
+            added = self.headers
+            if message.get("status") == 429 and all(
+                    name.lower() != b"cache-control" for name, _ in message.get("headers", ())):
+                added = [*added, (b"cache-control", b"no-store")]
+            message = _with_headers(message, added)
         return self.send(message)
 
 

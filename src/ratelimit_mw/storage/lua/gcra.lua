@@ -2,15 +2,16 @@
 -- Twin of algorithms/gcra.py. State: string, the theoretical arrival time (TAT),
 -- "us.ticks" (ticks a whole number: an earlier version, which wrote a plain "us", reads
 -- it as microseconds, less than one off; a plain "us" reads as no ticks).
+local GCRA_EXACT = 4503599627370496  -- 2^52: EXACT in algorithms/gcra.py
+
 local function gcra_ticks(amount, period, capacity)
   local a, b = period, amount
   while b > 0 do a, b = b, imod(a, b) end
   local per_us, interval = idiv(amount, a), idiv(period, a)
-  if interval * capacity <= 4503599627370496 then  -- EXACT, 2^52
+  if interval * capacity <= GCRA_EXACT then
     return per_us, interval
   end
-  per_us = math.floor((4503599627370496 - 2 * capacity) / math.max(period * capacity / amount,
-                                                                   period))
+  per_us = math.floor((GCRA_EXACT - 2 * capacity) / math.max(period * capacity / amount, period))
   return per_us, -idiv(-(period * per_us), amount)
 end
 
