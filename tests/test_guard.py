@@ -441,8 +441,9 @@ async def test_a_trial_whose_stream_never_ends_gives_its_slot_back_at_its_deadli
 
 
 async def test_a_client_that_goes_away_is_no_failure(breaker: CircuitBreaker) -> None:
-    """The client leaving while its body is read (Starlette's ClientDisconnect), or a
-    send that fails on its connection: the permit goes back, nothing is counted."""
+    """The client leaving while its body is read (Starlette's ClientDisconnect): the
+    permit goes back, nothing is counted; a send that fails on its connection after
+    a 200 is that 200's success, no failure."""
     import asyncio
 
     async def upload(request: Request) -> Response:
@@ -473,7 +474,7 @@ async def test_a_client_that_goes_away_is_no_failure(breaker: CircuitBreaker) ->
 
     with pytest.raises(OSError):
         await guard(dict(scope), one, broken)
-    assert "0/0 calls failed" in repr(breaker)
+    assert "0/1 calls failed" in repr(breaker)
 
 
 async def test_a_refusal_inside_counts_nothing_whatever_failure_status(
@@ -498,3 +499,113 @@ async def test_a_refusal_inside_counts_nothing_whatever_failure_status(
     async with client_for(app) as client:
         assert (await client.get("/x")).status_code == 503
     assert "0/0 calls failed" in repr(outer)
+
+
+async def test_a_background_task_that_fails_after_a_stream_counts_a_failure(
+    breaker: CircuitBreaker,
+) -> None:
+    """Starlette's StreamingResponse listens for a disconnect, and the server reports
+    one once the last body is sent: that is the response done, not the client gone,
+    so the background task that fails after it is a failure of the dependency."""
+    from starlette.background import BackgroundTask
+    from starlette.responses import StreamingResponse
+
+    async def push_upstream() -> None:
+        raise ConnectionError("upstream refused the write-behind")
+
+    async def endpoint(request: Request) -> Response:
+        async def chunks() -> Any:
+            yield b"done"
+
+        return StreamingResponse(chunks(), background=BackgroundTask(push_upstream))
+
+    app = Starlette(routes=[Route("/feed", endpoint)],
+                    middleware=[Middleware(BreakerGuard, breaker=breaker)])
+    async with client_for(app) as client:
+        for _ in range(4):
+            assert (await client.get("/feed")).status_code == 200
+    assert state_of(breaker) is CircuitState.OPEN
+
+
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+def test_a_failing_background_task_counts_under_uvicorn(clock: FakeClock, http: str) -> None:
+    """The same through a real uvicorn, whose receive reports the disconnect once the
+    response is complete: the background task's failures open the breaker."""
+    import time
+
+    from starlette.background import BackgroundTask
+    from starlette.responses import StreamingResponse
+
+    from tests.servers import serve
+
+    breaker = CircuitBreaker(name="db", window_size=4, minimum_calls=4, clock=clock)
+
+    async def push_upstream() -> None:
+        raise ConnectionError("upstream refused the write-behind")
+
+    async def endpoint(request: Request) -> Response:
+        async def chunks() -> Any:
+            yield b"done"
+
+        return StreamingResponse(chunks(), background=BackgroundTask(push_upstream))
+
+    app = Starlette(routes=[Route("/feed", endpoint)],
+                    middleware=[Middleware(BreakerGuard, breaker=breaker)])
+    # uvicorn closes a connection whose app raised: one connection per request.
+    with serve(app, http=http) as url, httpx.Client(
+        base_url=url, headers={"Connection": "close"},
+    ) as client:
+        for _ in range(4):
+            assert client.get("/feed").status_code == 200
+        deadline = time.monotonic() + 5
+        while state_of(breaker) is not CircuitState.OPEN and time.monotonic() < deadline:
+            time.sleep(0.01)  # the last background task runs after its response
+        assert state_of(breaker) is CircuitState.OPEN
+        assert client.get("/feed").status_code == 503
+
+
+async def test_an_answer_after_the_client_left_counts_nothing(breaker: CircuitBreaker) -> None:
+    """An app that answers a 500 itself because the client went away before the
+    response says nothing of the dependency."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        assert (await receive())["type"] == "http.disconnect"
+        await send({"type": "http.response.start", "status": 500, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def gone() -> Any:
+        return {"type": "http.disconnect"}
+
+    async def send(message: Any) -> None:
+        return None
+
+    await BreakerGuard(app, breaker=breaker)({"type": "http", "path": "/"}, gone, send)
+    assert "0/0 calls failed" in repr(breaker)
+
+
+async def test_a_client_reset_after_the_status_counts_the_status(
+    breaker: CircuitBreaker,
+) -> None:
+    """The connection failing while the body is sent says nothing of the dependency,
+    but the status already answered does: a 500 is a failure, a 200 a success."""
+    handler = Handler()
+    guard = BreakerGuard(Starlette(routes=[Route("/orders", handler.endpoint)]),
+                         breaker=breaker)
+
+    async def receive() -> Any:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def broken(message: Any) -> None:
+        if message["type"] == "http.response.body":
+            raise OSError("connection reset by peer")
+
+    scope = {"type": "http", "method": "GET", "path": "/orders", "headers": [],
+             "query_string": b""}
+    handler.status = 500
+    for _ in range(2):
+        with pytest.raises(OSError):
+            await guard(dict(scope), receive, broken)
+    handler.status = 200
+    with pytest.raises(OSError):
+        await guard(dict(scope), receive, broken)
+    assert "2/3 calls failed" in repr(breaker)

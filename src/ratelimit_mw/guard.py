@@ -16,7 +16,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .breaker import CircuitBreaker, CircuitOpenError, CircuitState
+from .breaker import CircuitBreaker, CircuitOpenError, CircuitState, Permit
 from .errors import ConfigError
 
 __all__ = ["BreakerGuard", "breaker_dependency", "circuit_open_handler", "unavailable_response"]
@@ -85,9 +85,10 @@ class BreakerGuard:
     With ``record=True`` (the default) the wrapped app *is* the protected call:
     each request takes a permit, counted once when the app is done, its time the
     time to the response's start: a status >= ``failure_status`` or an exception
-    (also while the body streams) is a failure, anything else a success; a client
-    that goes away frees the permit, and a 503 by which a breaker inside refused
-    counts nothing. With ``record=False`` the guard only
+    (also while the body streams, or in a background task after it) is a failure,
+    anything else a success; a client that goes away counts the status answered
+    before it left (none: the permit is freed), and a 503 by which a breaker
+    inside refused counts nothing. With ``record=False`` the guard only
     looks: the code that calls the dependency records through the same breaker
     (``await breaker.call(...)``), and the guard spares the handler while it
     rests. Either way a `CircuitOpenError` that escapes the app before the
@@ -150,21 +151,27 @@ class BreakerGuard:
         try:
             await self._call_app(scope, call)
         except BaseException as exc:
-            if call.gone or isinstance(exc, ClientDisconnect):
-                permit.release()  # the client went away: nothing said of the dependency
-            else:
+            if call.gone:
+                # The client went away: the status answered by then is what the
+                # dependency said; with none yet, nothing is said of it.
+                self._count_status(permit, call.outcome(), scope)
+            elif not isinstance(exc, ClientDisconnect):
                 # A cancellation or another breaker's refusal only frees the slot too.
                 permit.record_exception(exc)
             raise
         else:
-            # No response, or a 503 by which a breaker inside refused: nothing to count.
-            if call.status and not _refused_in(scope):
-                if call.status < self.failure_status:
-                    permit.record_success()
-                else:
-                    permit.record_failure()
+            self._count_status(permit, call.outcome(), scope)
         finally:
             permit.release()
+
+    def _count_status(self, permit: Permit, status: int, scope: Scope) -> None:
+        """Count the answered ``status``; no response, or a 503 by which a breaker
+        inside refused, counts nothing."""
+        if status and not _refused_in(scope):
+            if status < self.failure_status:
+                permit.record_success()
+            else:
+                permit.record_failure()
 
     async def _call_app(self, scope: Scope, call: _Call) -> None:
         """Run the app, and turn a refusal inside, before the response, into a 503."""
@@ -178,9 +185,13 @@ class BreakerGuard:
 
 class _Call:
     """The app's side of one guarded request: the status it answered (0: none yet),
-    and whether the client went away (a disconnect received, or a send that failed)."""
+    and whether the client went away while it was answered (a disconnect received
+    before the response's last body, or a send that failed), with the status
+    answered by then (what the app answers after, a 500 for the disconnect,
+    says nothing of the dependency)."""
 
-    __slots__ = ("gone", "on_start", "status", "upstream_receive", "upstream_send")
+    __slots__ = ("answered", "gone", "on_start", "status", "status_when_gone",
+                 "upstream_receive", "upstream_send")
 
     def __init__(self, receive: Receive, send: Send,
                  on_start: Callable[[], None] | None = None) -> None:
@@ -188,24 +199,41 @@ class _Call:
         self.upstream_send = send
         self.on_start = on_start
         self.status = 0
+        self.status_when_gone = 0
+        self.answered = False
         self.gone = False
+
+    def outcome(self) -> int:
+        """The status that counts: the one answered before the client went away."""
+        return self.status_when_gone if self.gone else self.status
+
+    def _leave(self) -> None:
+        if not self.gone:
+            self.gone = True
+            self.status_when_gone = self.status
 
     async def receive(self) -> Message:
         message = await self.upstream_receive()
-        if message["type"] == "http.disconnect":
-            self.gone = True
+        # After the last body the server reports a disconnect to whoever still listens
+        # (Starlette's StreamingResponse does): that is the response done, not the
+        # client leaving, and a background task after it still counts.
+        if message["type"] == "http.disconnect" and not self.answered:
+            self._leave()
         return message
 
     async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
+        kind = message["type"]
+        if kind == "http.response.start":
             self.status = message["status"]
             if self.on_start is not None:
                 self.on_start()
         try:
             await self.upstream_send(message)
         except OSError:
-            self.gone = True  # the client's connection, not the dependency
+            self._leave()  # the client's connection, not the dependency
             raise
+        if kind == "http.response.body" and not message.get("more_body", False):
+            self.answered = True
 
 
 _REFUSED = "ratelimit_mw.circuit_refused"
