@@ -609,3 +609,90 @@ async def test_a_client_reset_after_the_status_counts_the_status(
     with pytest.raises(OSError):
         await guard(dict(scope), receive, broken)
     assert "2/3 calls failed" in repr(breaker)
+
+
+class DBError(Exception):
+    pass
+
+
+async def test_a_500_already_sent_is_a_failure_whatever_the_exception(clock: FakeClock) -> None:
+    """A guard around a whole Starlette app: a handler bug (not one of the breaker's
+    failure_exceptions) is answered 500 by Starlette, then re-raised: still a failure,
+    as the same 500 returned would be."""
+    breaker = CircuitBreaker(name="db", window_size=2, minimum_calls=2, clock=clock,
+                             failure_exceptions=(DBError,))
+
+    async def buggy(request: Request) -> Response:
+        raise KeyError("order")
+
+    guard = BreakerGuard(Starlette(routes=[Route("/", buggy)]), breaker=breaker)
+    async with client_for(guard) as client:
+        for _ in range(2):
+            assert (await client.get("/")).status_code == 500
+    assert state_of(breaker) is CircuitState.OPEN
+
+
+async def test_a_refusal_inside_a_task_group_is_the_503_and_counts_nothing(
+    clock: FakeClock,
+) -> None:
+    """A handler that fans out with a task group to a dependency whose breaker is open
+    raises an ExceptionGroup of refusals: the guard answers its 503, and the outer
+    breaker counts nothing (nothing was tried)."""
+    import asyncio
+
+    outer = CircuitBreaker(name="app", window_size=2, minimum_calls=2, clock=clock)
+    inner = CircuitBreaker(name="db", window_size=2, minimum_calls=2, cooldown=60, clock=clock)
+    for _ in range(2):
+        inner.acquire().record_failure()
+
+    async def query() -> int:
+        return 1
+
+    async def fan_out(request: Request) -> Response:
+        async with asyncio.TaskGroup() as group:
+            for _ in range(2):
+                group.create_task(inner.call(query))
+        return JSONResponse({"ok": True})
+
+    app = Starlette(routes=[Route("/", fan_out)],
+                    middleware=[Middleware(BreakerGuard, breaker=outer)])
+    async with client_for(app) as client:
+        for _ in range(3):
+            response = await client.get("/")
+            assert response.status_code == 503
+            assert response.json()["circuit"] == "db"
+    assert state_of(outer) is CircuitState.CLOSED
+    assert "0/0 calls failed" in repr(outer)
+    # breaker.call itself: a group of refusals only frees the slot.
+
+    async def fan() -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(inner.call(query))
+
+    with pytest.raises(ExceptionGroup):
+        await outer.call(fan)
+    assert "0/0 calls failed" in repr(outer)
+
+
+async def test_a_refusal_the_client_cannot_receive_counts_nothing(
+    clock: FakeClock,
+) -> None:
+    """The inner refusal's 503 fails to send (the client left): no failure counted."""
+    outer = CircuitBreaker(name="app", window_size=2, minimum_calls=2, clock=clock)
+    inner = CircuitBreaker(name="db", window_size=2, minimum_calls=2, cooldown=60, clock=clock)
+    for _ in range(2):
+        inner.acquire().record_failure()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        raise CircuitOpenError(60, "db")
+
+    async def receive() -> Any:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def broken(message: Any) -> None:
+        raise OSError("connection reset by peer")
+
+    for _ in range(2):
+        with pytest.raises(OSError):
+            await BreakerGuard(app, breaker=outer)({"type": "http", "path": "/"}, receive, broken)
+    assert "0/0 calls failed" in repr(outer)

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .breaker import CircuitBreaker, CircuitOpenError, CircuitState, Permit
+from .breaker._state import refusal_in
 from .errors import ConfigError
 
 __all__ = ["BreakerGuard", "breaker_dependency", "circuit_open_handler", "unavailable_response"]
@@ -92,7 +93,8 @@ class BreakerGuard:
     looks: the code that calls the dependency records through the same breaker
     (``await breaker.call(...)``), and the guard spares the handler while it
     rests. Either way a `CircuitOpenError` that escapes the app before the
-    response started becomes the same 503 (install the guard as middleware for
+    response started (alone, or in the exception group of a task group that
+    fanned out) becomes the same 503 (install the guard as middleware for
     that: a Starlette app wrapped whole answers its own errors with a 500 first).
 
     >>> from starlette.applications import Starlette
@@ -155,8 +157,12 @@ class BreakerGuard:
                 # The client went away: the status answered by then is what the
                 # dependency said; with none yet, nothing is said of it.
                 self._count_status(permit, call.outcome(), scope)
-            elif not isinstance(exc, ClientDisconnect):
-                # A cancellation or another breaker's refusal only frees the slot too.
+            elif refusal_in(exc) is not None or isinstance(exc, ClientDisconnect):
+                pass  # a breaker inside refused, or the client left: nothing was tried
+            elif call.status >= self.failure_status:
+                self._count_status(permit, call.status, scope)  # the 500 already sent
+            else:
+                # By the breaker's rules; a cancellation only frees the slot.
                 permit.record_exception(exc)
             raise
         else:
@@ -177,10 +183,12 @@ class BreakerGuard:
         """Run the app, and turn a refusal inside, before the response, into a 503."""
         try:
             await self.app(scope, call.receive, call.send)
-        except CircuitOpenError as exc:
-            if call.status:
+        except BaseException as exc:
+            refusal = refusal_in(exc)
+            if refusal is None or call.status:
                 raise
-            await _refuse(exc, scope, call.upstream_receive, call.upstream_send)
+            # Through the call's own send: a client gone meanwhile is seen as gone.
+            await _refuse(refusal, scope, call.receive, call.send)
 
 
 class _Call:

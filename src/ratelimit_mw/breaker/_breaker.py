@@ -12,7 +12,7 @@ from typing import Any, Final, ParamSpec, TypeVar
 
 from mypy_extensions import mypyc_attr
 
-from ._state import CircuitOpenError, CircuitState
+from ._state import CircuitOpenError, CircuitState, refusal_in
 from ._windows import CountWindow, TimeWindow
 
 __all__ = ["BreakerCore", "Permit"]
@@ -73,10 +73,10 @@ class Permit:
 
         A ``BaseException`` that is not an ``Exception`` (``asyncio.CancelledError``,
         ``KeyboardInterrupt``) says nothing about the dependency: the slot is released;
-        so does a ``CircuitOpenError`` (a breaker refused a call made inside this one:
-        nothing was tried).
+        so does a ``CircuitOpenError``, alone or in an exception group (a breaker refused
+        a call made inside this one: nothing was tried).
         """
-        if not isinstance(exc, Exception) or isinstance(exc, CircuitOpenError):
+        if not isinstance(exc, Exception) or refusal_in(exc) is not None:
             self.release()
             return
         self._finish_by(self._breaker._is_failure_exception, exc)

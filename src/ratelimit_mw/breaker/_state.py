@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["CircuitOpenError", "CircuitState"]
+__all__ = ["CircuitOpenError", "CircuitState", "refusal_in"]
 
 
 class CircuitState(enum.StrEnum):
@@ -32,3 +32,18 @@ class CircuitOpenError(Exception):
 
     def __reduce__(self) -> tuple[type[CircuitOpenError], tuple[float, str, CircuitState]]:
         return type(self), (self.remaining, self.name, self.state)
+
+
+def refusal_in(exc: BaseException) -> CircuitOpenError | None:
+    """The breaker's refusal that ``exc`` is: a `CircuitOpenError`, or an exception
+    group (a task group fanning out) holding refusals and nothing else; else None."""
+    if isinstance(exc, CircuitOpenError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        refusals, rest = exc.split(CircuitOpenError)
+        if refusals is not None and rest is None:
+            first: BaseException = refusals
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            return first if isinstance(first, CircuitOpenError) else None
+    return None
