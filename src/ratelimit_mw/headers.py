@@ -25,6 +25,7 @@ __all__ = [
     "HeaderStyle",
     "parse_header_style",
     "partition_key",
+    "policy_label",
     "policy_name",
     "retry_after_value",
 ]
@@ -65,10 +66,15 @@ def retry_after_value(seconds: float) -> bytes | None:
     return str(max(0, math.ceil(seconds))).encode()
 
 
+def policy_label(name: str) -> str:
+    """A policy name as the headers spell it, before escaping: printable ASCII, every
+    other character ``_`` (what a client reads back; the problem+json body names it so)."""
+    return "".join(c if " " <= c <= "~" else "_" for c in name)
+
+
 def policy_name(name: str) -> str:
     """A policy name as a structured-field string's content (printable ASCII, escaped)."""
-    safe = "".join(c if " " <= c <= "~" else "_" for c in name)
-    return safe.replace("\\", "\\\\").replace('"', '\\"')
+    return policy_label(name).replace("\\", "\\\\").replace('"', '\\"')
 
 
 @functools.lru_cache(maxsize=1024)

@@ -14,6 +14,7 @@ from starlette.types import Scope, Send
 
 from .decision import Decision, Verdict
 from .errors import ConfigError
+from .headers import policy_label
 
 __all__ = [
     "RESPONSE_FORMATS",
@@ -65,10 +66,14 @@ def check_format(value: str) -> ResponseFormat:
 
 
 def _per(decision: Decision) -> str:
-    """``100 requests per minute``."""
+    """``100 requests per minute``; ``10 requests per minute (bursts of up to 20)`` for
+    a bucket whose burst is not its rate (the body's ``limit`` is the burst)."""
     rate = decision.policy.rate
     noun = "request" if rate.amount == 1 else "requests"
-    return f"{rate.amount} {noun} per {str(rate).split('/', 1)[1]}"
+    per = f"{rate.amount} {noun} per {str(rate).split('/', 1)[1]}"
+    if decision.limit != rate.amount:
+        per += f" (bursts of up to {decision.limit})"
+    return per
 
 
 def _window(period_us: int) -> str:
@@ -107,7 +112,7 @@ def denial_body(denial: Denial, fmt: ResponseFormat = "json") -> tuple[bytes, by
             "title": "Request cannot be satisfied as assigned quota has been exceeded",
             "status": 429,
             "detail": message,
-            "violated-policies": list(denial.policies),
+            "violated-policies": [policy_label(name) for name in denial.policies],
             **fields,
         }
         return b"application/problem+json", _dump(body)

@@ -45,7 +45,15 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from .errors import ConfigError
 from .failure import FailureMode, check_mode, positive_seconds
@@ -154,6 +162,31 @@ def _split(value: Any) -> Any:
     return value
 
 
+class _Environment(EnvSettingsSource):
+    """The ``RATELIMIT_*`` variables; one that should hold JSON (``RATELIMIT_TIERS``,
+    ``RATELIMIT_ROUTES``) and doesn't is a ConfigError naming it and quoting it."""
+
+    def prepare_field_value(
+        self, field_name: str, field: FieldInfo, value: Any, value_is_complex: bool,
+    ) -> Any:
+        try:
+            return super().prepare_field_value(field_name, field, value, value_is_complex)
+        except ValueError as exc:
+            text = str(value)
+            shown = text if len(text) <= 80 else f"{text[:80]}..."
+            msg = (f"RATELIMIT_{field_name.upper()} must be JSON ({exc}), "
+                   f"got {shown!r}")
+            raise ConfigError(msg) from exc
+
+    def __call__(self) -> dict[str, Any]:
+        try:
+            return super().__call__()
+        except SettingsError as exc:
+            if isinstance(exc.__cause__, ConfigError):
+                raise exc.__cause__ from None
+            raise
+
+
 class RateLimitSettings(BaseSettings):
     """Everything the middleware can be configured with, validated when loaded."""
 
@@ -185,6 +218,17 @@ class RateLimitSettings(BaseSettings):
     quota_history: bool = False
     usage_retention_hours: int = 7 * 24
     usage_retention_days: int = 90
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, _Environment(settings_cls), dotenv_settings, file_secret_settings
 
     @field_validator("trusted_proxies", "exempt_paths", mode="before")
     @classmethod
@@ -310,5 +354,5 @@ class RateLimitSettings(BaseSettings):
                 raise ConfigError(msg)
         # The variables as they are, validated once together with the file (validated
         # alone, against the defaults, a valid combination could be refused).
-        merged = {**data, **EnvSettingsSource(cls)()}
+        merged = {**data, **_Environment(cls)()}
         return cls.model_validate(merged)

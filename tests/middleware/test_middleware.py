@@ -71,6 +71,20 @@ async def test_429_body_and_cache_control(clock: FakeClock, memory: MemoryStorag
     }
 
 
+async def test_a_burst_is_named_beside_the_rate(clock: FakeClock, memory: MemoryStorage) -> None:
+    """A token bucket whose burst is not its rate: the body's limit is the burst, and
+    its message names both, so the two numbers agree."""
+    app = make_app(tiers=[Tier("t", [Limit.parse("2/minute", "token_bucket", burst=3)])],
+                   storage=memory, clock=clock)
+    async with client_for(app) as client:
+        for _ in range(3):
+            await client.get("/")
+        body = (await client.get("/")).json()
+    assert body["limit"] == 3
+    assert body["message"] == ("Too many requests. You have exceeded 2 requests per minute "
+                               "(bursts of up to 3).")
+
+
 async def test_problem_json_option(clock: FakeClock, memory: MemoryStorage) -> None:
     """response_format='problem+json' answers with an RFC 9457 problem naming the policy."""
     app = make_app(tiers=[Tier("t", [Limit.parse("1/minute", name="per-minute")])],

@@ -63,6 +63,29 @@ def test_tiers_from_environment_json(monkeypatch: pytest.MonkeyPatch) -> None:
     assert table.default.limits[0].rate.amount == 50  # type: ignore[index]
 
 
+@pytest.mark.parametrize(("variable", "value"), [
+    ("RATELIMIT_TIERS", '{"gold": {"limits": "50/second"}'),
+    ("RATELIMIT_ROUTES", "/api/* 5/minute"),
+])
+def test_a_variable_that_is_not_json_is_named_and_quoted(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, variable: str, value: str,
+) -> None:
+    """Not JSON where JSON is expected: the error names the variable and quotes it,
+    read alone or beside a TOML file (a long value is cut short)."""
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError, match=f"{variable} must be JSON .*got '") as error:
+        RateLimitSettings()
+    assert value in str(error.value)
+    path = tmp_path / "ratelimit.toml"
+    path.write_text(TOML)
+    with pytest.raises(ConfigError, match=f"{variable} must be JSON"):
+        RateLimitSettings.from_toml(path)
+    monkeypatch.setenv(variable, value + " " * 100 + "tail")
+    with pytest.raises(ConfigError, match=r"\.\.\.'$") as error:
+        RateLimitSettings()
+    assert "tail" not in str(error.value)
+
+
 def test_toml_file(tmp_path: Path) -> None:
     """A TOML file configures tiers (any algorithm), routes and the rest."""
     path = tmp_path / "ratelimit.toml"
