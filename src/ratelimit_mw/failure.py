@@ -116,11 +116,11 @@ class StorageGuard:
         return max(1, math.ceil(self.breaker.remaining_cooldown))
 
     async def decide(
-        self, key: str, hits: Sequence[Hit], *, usage: bool = False,
+        self, key: str, hits: Sequence[Hit], *, usage: int = 0,
     ) -> tuple[Verdict | None, Source]:
         """The verdict and where it came from: ``storage``, ``fallback`` or ``unavailable``.
 
-        ``usage`` also counts an admitted request into the usage history (same call).
+        ``usage`` also adds an admitted request's units to the usage history (same call).
         """
         permit = self.breaker.try_acquire()
         if permit is None:
@@ -136,7 +136,7 @@ class StorageGuard:
             else:
                 async with asyncio.timeout(self.timeout):
                     # Without usage, the two-argument call: custom storages may predate it.
-                    verdict = await (storage.decide(key, hits, usage=True) if usage
+                    verdict = await (storage.decide(key, hits, usage=usage) if usage
                                      else storage.decide(key, hits))
         except Exception as exc:
             # Any failure of the storage (StorageError, TimeoutError, a bug in a custom
@@ -145,9 +145,9 @@ class StorageGuard:
             self.stats.failures += 1
             _log.warning(
                 "ratelimit_mw storage failure: event=storage_failure mode=%s error=%s",
-                self.mode, _describe(exc),
+                self.mode, describe_error(exc),
                 extra={"ratelimit": {"event": "storage_failure", "mode": self.mode,
-                                     "error": _describe(exc)}},
+                                     "error": describe_error(exc)}},
             )
             return self._degraded(key, hits, usage)
         except BaseException:
@@ -170,7 +170,7 @@ class StorageGuard:
             return await call()
 
     def _degraded(
-        self, key: str, hits: Sequence[Hit], usage: bool = False,
+        self, key: str, hits: Sequence[Hit], usage: int = 0,
     ) -> tuple[Verdict | None, Source]:
         if self.fallback is not None:
             self.stats.fallback += 1
@@ -191,6 +191,7 @@ def positive_seconds(name: str, value: object) -> float:
     return float(value)
 
 
-def _describe(exc: BaseException) -> str:
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` of ``exc`` for a log line, at most 300 characters."""
     text = str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {text}"[:300]

@@ -485,7 +485,8 @@ class RateLimitMiddleware:
                     return self._from_blocked(key, plan, blocked, now)
                 del self._blocked[(key, plan)]
         guard: StorageGuard = self.guard  # type: ignore[assignment]
-        verdict, source = await guard.decide(key, plan.hits, usage=self._usage)
+        usage = self._usage and plan.route.cost
+        verdict, source = await guard.decide(key, plan.hits, usage=usage)
         # Closed: nothing is admitted undecided; but shadow mode never refuses.
         closed = guard.mode == "closed" and not self._shadow
         if verdict is None:
@@ -493,7 +494,7 @@ class RateLimitMiddleware:
         if not verdict.allowed and plan.shadow_only(verdict):
             # A denial consumes nothing: without a second call, a request let through by
             # a shadow limit would not count against the limits that do block.
-            enforced, source = await guard.decide(key, plan.enforced, usage=self._usage)
+            enforced, source = await guard.decide(key, plan.enforced, usage=usage)
             if enforced is None and closed:
                 return self._finish(key, plan, None, source, True, now)
             verdict = _with_shadowed(plan, verdict, enforced)
@@ -512,10 +513,11 @@ class RateLimitMiddleware:
     def _decide_local(self, key: str, plan: Plan) -> _Outcome:
         """The decision on memory storage, which never awaits."""
         local: MemoryStorage = self._local  # type: ignore[assignment]
-        verdict = local.decide_now(key, plan.hits, usage=self._usage)
+        usage = self._usage and plan.route.cost
+        verdict = local.decide_now(key, plan.hits, usage=usage)
         if not verdict.allowed and plan.shadow_only(verdict):
             verdict = _with_shadowed(
-                plan, verdict, local.decide_now(key, plan.enforced, usage=self._usage))
+                plan, verdict, local.decide_now(key, plan.enforced, usage=usage))
         seen = verdict
         verdict, refused = self._as_told(plan, verdict)
         return self._finish(key, plan, verdict, "storage", refused,

@@ -20,7 +20,8 @@ How the numbers are computed (all for the caller's key, on the middleware's stor
   them: ``burst`` (``{"requests_per_minute": 20}``: the burst of a token bucket or
   GCRA) and ``concurrency`` (``{"limit": 2, "in_flight": 1}``, this request included).
 - ``requests_today``: the usage-history bucket of the current UTC day (admitted
-  requests, counted in the same atomic call that decided them; needs
+  requests in units, as the limits count them: a route of cost 5 counts 5; counted
+  in the same atomic call that decided them; needs
   ``quota_history``); without history, what the tier's per-day limit counts
   (``limit - remaining`` of a read-only peek); ``null`` if neither exists.
 - ``requests_this_minute``: what the tier's per-minute limit counts right now, by a
@@ -34,7 +35,7 @@ How the numbers are computed (all for the caller's key, on the middleware's stor
   next one (when monthly quotas reset).
 
 ``GET /api/v1/account/quota/history?granularity=hour|day&from=…&to=…``: admitted
-requests per UTC hour or day bucket; ``from``/``to`` are ISO dates (``2024-01-31``,
+requests (in units) per UTC hour or day bucket; ``from``/``to`` are ISO dates (``2024-01-31``,
 a date-only ``to`` meaning the end of that day), ISO date-times or epoch seconds.
 Default range: the last 24 hours (hour) or 30 days (day). Buckets older than the
 retention (``usage_retention_hours``/``_days``) are not reported.
@@ -45,6 +46,7 @@ only by its client IP, gets 401: quotas belong to accounts.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, date, datetime, timedelta
@@ -56,6 +58,7 @@ from starlette.routing import Route
 
 from .decision import Decision
 from .errors import StorageError
+from .failure import describe_error
 from .middleware import STATE_MIDDLEWARE, Caller, RateLimitMiddleware
 from .storage.base import BUCKET_SECONDS, Granularity
 
@@ -80,6 +83,7 @@ def _iso(epoch: float) -> str:
 
 
 T = TypeVar("T")
+_log = logging.getLogger("ratelimit_mw")
 
 
 async def _read(middleware: RateLimitMiddleware, call: Callable[[], Awaitable[T]]) -> T:
@@ -90,9 +94,14 @@ async def _read(middleware: RateLimitMiddleware, call: Callable[[], Awaitable[T]
 
 
 def _unavailable(what: str, middleware: RateLimitMiddleware, exc: BaseException) -> Response:
+    """The 503 for a read that failed; the cause (which may name the storage's address)
+    goes to the log, not to the caller."""
     retry = middleware.guard.retry_after if middleware.guard is not None else 1
+    error = describe_error(exc)
+    _log.warning("ratelimit_mw quota read failed: event=quota_unavailable error=%s", error,
+                 extra={"ratelimit": {"event": "quota_unavailable", "error": error}})
     return _error(503, "quota_unavailable",
-                  f"{what} can't be read right now: {str(exc) or type(exc).__name__}",
+                  f"{what} can't be read right now; try again in {retry}s.",
                   **{"Retry-After": str(retry)})
 
 

@@ -181,6 +181,24 @@ async def test_without_history_today_comes_from_the_daily_limit(build: Build) ->
     assert (await client.get(HISTORY, headers=A)).status_code == 404
 
 
+async def test_a_costly_route_counts_its_cost_in_the_quota_and_history(build: Build) -> None:
+    """A route of cost 4 uses 4 of the limits per request: requests_today and the
+    history count the same units, so the report agrees with the limits it shows."""
+    client = build(routes=[{"path": "/hello", "cost": 4}])
+    for _ in range(3):
+        assert (await client.get("/hello", headers=B)).status_code == 200
+    quota = (await client.get(QUOTA, headers=B)).json()
+    # 3 x 4, and this report's 1, on the minute limit and in the day's history alike
+    assert quota["usage"] == {"requests_today": 13, "requests_this_minute": 13}
+    history = (await client.get(HISTORY, headers=B, params={"granularity": "day"})).json()
+    assert history["total"] == 14  # and the report before
+    # Gold's month (5) is spent by two: the one refused counts nothing anywhere.
+    assert (await client.get("/hello", headers=A)).status_code == 200
+    assert (await client.get("/hello", headers=A)).status_code == 429
+    history = (await client.get(HISTORY, headers=A, params={"granularity": "day"})).json()
+    assert history["total"] == 5  # 4, and this history request
+
+
 async def test_history_hour_and_day_buckets(build: Build, clock: FakeClock) -> None:
     """Requests spread over hours and days land in their buckets; the sums add up."""
     client = build()
@@ -333,19 +351,22 @@ async def test_while_the_storage_rests_the_quota_is_refused_at_once() -> None:
     assert reads == 0
     for response in (quota, history):
         assert response.status_code == 503
-        assert "breaker is open" in response.json()["message"]
+        assert "can't be read right now; try again in" in response.json()["message"]
         assert int(response.headers["retry-after"]) >= 29
 
 
-async def test_failing_quota_reads_leave_the_decisions_storage_on() -> None:
+async def test_failing_quota_reads_leave_the_decisions_storage_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """Reads of the quota that fail (a slow report) are not counted on the storage's
-    breaker: the decisions go on being made by the storage, not skipped."""
+    breaker: the decisions go on being made by the storage, not skipped. The cause,
+    which may name the storage's address, is logged, never sent to the caller."""
     class SlowReports(MemoryStorage):
         async def decide(self, key: str, hits: Any, **options: Any) -> Any:
             return await super().decide(key, hits, **options)  # through the guard
 
         async def usage(self, *args: Any) -> Any:
-            raise StorageError("no answer within 0.05 s")
+            raise StorageError("Error 111 connecting to 10.0.3.7:6379. Connection refused.")
 
     app = Starlette(routes=[Route("/hello", hello), *quota_routes()])
     app.add_middleware(RateLimitMiddleware, tiers=TIERS, key="api_key",
@@ -353,9 +374,13 @@ async def test_failing_quota_reads_leave_the_decisions_storage_on() -> None:
                        quota_history=True)
     transport = httpx.ASGITransport(app=app, client=("198.51.100.4", 1))
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-        histories = [(await client.get(HISTORY, headers=B)).status_code for _ in range(30)]
+        replies = [await client.get(HISTORY, headers=B) for _ in range(30)]
         greeted = await client.get("/hello", headers=B)
-    assert histories == [503] * 30
+    assert [reply.status_code for reply in replies] == [503] * 30
+    assert replies[0].json() == {
+        "error": "quota_unavailable",
+        "message": "The history can't be read right now; try again in 1s."}
+    assert "10.0.3.7" in caplog.text and "event=quota_unavailable" in caplog.text
     assert greeted.headers["x-ratelimit-remaining"] == str(100 - 31)  # decided, not skipped
 
 
@@ -381,5 +406,5 @@ async def test_a_stalled_quota_read_is_bounded() -> None:
         started = time.monotonic()
         response = await client.get(HISTORY, headers=B)
     assert response.status_code == 503
-    assert "TimeoutError" in response.json()["message"]
+    assert response.json()["error"] == "quota_unavailable"
     assert time.monotonic() - started < 5

@@ -63,12 +63,13 @@ class Storage(ABC):
     """
 
     @abstractmethod
-    async def decide(self, key: str, hits: Sequence[Hit], *, usage: bool = False) -> Verdict:
+    async def decide(self, key: str, hits: Sequence[Hit], *, usage: int = 0) -> Verdict:
         """Consume every hit's cost if all of them admit the request; else nothing.
 
         Concurrency hits take a slot each, returned as ``Verdict.leases``; with
-        ``usage``, an admitted request is also counted in the hourly and daily usage
-        history, in the same atomic call.
+        ``usage`` (a number of units, the request's cost; ``True`` is one), an admitted
+        request also adds that many to the hourly and daily usage history, in the same
+        atomic call.
         """
 
     async def peek(self, key: str, hits: Sequence[Hit]) -> Verdict:

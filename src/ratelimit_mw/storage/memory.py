@@ -93,10 +93,10 @@ class MemoryStorage(Storage):
     def __len__(self) -> int:
         return len(self._keys)
 
-    async def decide(self, key: str, hits: Sequence[Hit], *, usage: bool = False) -> Verdict:
+    async def decide(self, key: str, hits: Sequence[Hit], *, usage: int = 0) -> Verdict:
         return self.decide_now(key, hits, usage=usage)
 
-    def decide_now(self, key: str, hits: Sequence[Hit], *, usage: bool = False) -> Verdict:
+    def decide_now(self, key: str, hits: Sequence[Hit], *, usage: int = 0) -> Verdict:
         """The synchronous core of ``decide`` (the whole decision, without awaiting)."""
         now = self._now()
         keys = self._keys
@@ -129,7 +129,7 @@ class MemoryStorage(Storage):
             if usage:
                 if entry is None:
                     entry = self._insert(key, now)
-                self._count(entry, now)
+                self._count(entry, now, usage)
         elif len(hits) > 1:
             # Report what the admitted limits look like without this request's cost.
             for i, hit in enumerate(hits):
@@ -144,7 +144,7 @@ class MemoryStorage(Storage):
             for hit, step in zip(hits, steps)]), leases, now / 1_000_000))  # noqa: B905
 
     def _decide_one(self, key: str, entry: _Entry | None, cells: dict[tuple[str, str], Any],
-                    hit: Hit, now: int, usage: bool) -> Verdict:
+                    hit: Hit, now: int, usage: int) -> Verdict:
         """``decide_now`` for a single hit: the same steps, without the loops."""
         limit = hit.limit
         cell = cells.get(hit.slot)
@@ -159,7 +159,7 @@ class MemoryStorage(Storage):
             if usage:
                 if entry is None:
                     entry = self._insert(key, now)
-                self._count(entry, now)
+                self._count(entry, now, usage)
         return _new(Verdict, (allowed, (decision_from(hit, allowed, remaining, reset, retry),),
                               leases, now / 1_000_000))
 
@@ -180,14 +180,14 @@ class MemoryStorage(Storage):
             entry.expires = expires
         return entry, lease
 
-    def _count(self, entry: _Entry, now: int) -> None:
-        """Add one admitted request to the hour and day buckets of ``now``."""
+    def _count(self, entry: _Entry, now: int, units: int) -> None:
+        """Add an admitted request's ``units`` to the hour and day buckets of ``now``."""
         hours, days = entry.hours, entry.days
         if hours is None or days is None:
             hours, days = entry.hours, entry.days = {}, {}
         hour, day = now // _HOUR_US, now // _DAY_US
-        hours[hour] = hours.get(hour, 0) + 1
-        days[day] = days.get(day, 0) + 1
+        hours[hour] = hours.get(hour, 0) + units
+        days[day] = days.get(day, 0) + units
         _forget_before(hours, hour - self.retention.hours, self.retention.hours)
         _forget_before(days, day - self.retention.days, self.retention.days)
         # Usage outlives the counters: keep the identity as long as its history (the

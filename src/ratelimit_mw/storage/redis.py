@@ -88,7 +88,7 @@ class RedisStorage(Storage):
     """
 
     __slots__ = ("_client", "_clock", "_encode", "_owns_client", "_pipeline", "_plans",
-                 "_script", "_socket_timeout", "_tags", "_usage_bytes", "_usage_spec",
+                 "_script", "_socket_timeout", "_tags", "_usage_args",
                  "pipeline", "prefix", "retention", "timeout")
 
     def __init__(
@@ -114,8 +114,7 @@ class RedisStorage(Storage):
                    f"{type(client).__name__}; leave pipeline unset for Redis Cluster")
             raise ConfigError(msg)
         self.retention = UsageRetention(*usage_retention).check()
-        self._usage_spec = f"{self.retention.hours},{self.retention.days}"  # see decide.lua
-        self._usage_bytes = self._usage_spec.encode()
+        self._usage_args: dict[int, bytes] = {}  # units -> decide.lua's usage argument
         kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
         socket_timeout = kwargs.get("socket_timeout") if self.pipeline else None
         self._socket_timeout: float | None = (
@@ -169,7 +168,7 @@ class RedisStorage(Storage):
         return f"RedisStorage(prefix={self.prefix!r}, client={self._client!r})"
 
     async def decide(
-        self, key: str, hits: Sequence[Hit], *, usage: bool = False,
+        self, key: str, hits: Sequence[Hit], *, usage: int = 0,
         timeout: float | None = None,
     ) -> Verdict:
         """See ``Storage.decide``; with ``timeout``, a decision not answered within that
@@ -181,16 +180,16 @@ class RedisStorage(Storage):
         clock = "" if self._clock is None else str(round(self._clock() * 1_000_000))
         try:
             if self.pipeline:
-                plan = self._packed(hits, usage)
+                plan = self._packed(hits, bool(usage))
                 slots = plan.slots
                 lease_id = _lease_id() if slots else ""
                 command = plan.command(self._packed_tag(key), clock.encode(), lease_id.encode(),
-                                       self._usage_bytes if usage else b"")
+                                       self._usage_arg(usage) if usage else b"")
                 reply = await self._queue("decide", command, timeout,
                                           (key, slots, lease_id) if slots else None)
             else:
                 tag = identity_tag(self.prefix, key)
-                spec = self._usage_spec if usage else ""
+                spec = self._usage_arg(usage).decode() if usage else ""
                 slots = slots_taken(hits)
                 lease_id = _lease_id() if slots else ""
                 keys = [redis_key(self.prefix, key, hit.scope, hit.limit.uid) for hit in hits]
@@ -217,6 +216,15 @@ class RedisStorage(Storage):
             msg = f"redis answered a decision with {str(reply)[:100]}, not a decision"
             raise StorageError(msg) from exc
         return verdict
+
+    def _usage_arg(self, units: int) -> bytes:
+        """``hours,days,units``: the retention and what one admitted request adds."""
+        arg = self._usage_args.get(units)
+        if arg is None:
+            arg = f"{self.retention.hours},{self.retention.days},{int(units)}".encode()
+            if len(self._usage_args) < 64:  # a few route costs; any others are made anew
+                self._usage_args[units] = arg
+        return arg
 
     def _bound(self, timeout: float | None) -> float | None:
         """The time a call may take: the shorter of ``timeout`` and the storage's own."""

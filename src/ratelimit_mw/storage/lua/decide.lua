@@ -6,7 +6,7 @@
 -- with TRYAGAIN while a Cluster slot migrates.
 -- ARGV[1] is empty (use Redis's clock) or a time in microseconds (tests only: lets the
 -- differential tests drive Redis on simulated time); ARGV[2] the lease id a
--- concurrency hit takes; ARGV[3] the usage retention "hours,days" or empty (no usage);
+-- concurrency hit takes; ARGV[3] the usage "hours,days,units" or empty (no usage);
 -- then five values per hit: algorithm, amount, period, capacity, cost.
 -- Nothing is written unless every hit admits.
 -- Reply: {all admitted (1/0), now, then per hit: admitted (1/0), remaining, reset, retry}.
@@ -52,18 +52,18 @@ for i = 1, n do
 end
 
 if admitted and ARGV[3] ~= "" then
-  -- Usage history: one counter per hour and per day, each kept for its retention.
-  local comma = string.find(ARGV[3], ",")
-  local hours, days = tonumber(string.sub(ARGV[3], 1, comma - 1)),
-    tonumber(string.sub(ARGV[3], comma + 1))
+  -- Usage history: one counter per hour and per day, each kept for its retention,
+  -- counting the request's units (its cost). ARGV[3] is "hours,days,units".
+  local h, d, u = string.match(ARGV[3], "^(%d+),(%d+),(%d+)$")
+  local hours, days, units = tonumber(h), tonumber(d), tonumber(u)
   local hour, day = idiv(now, HOUR), idiv(now, DAY)
   local buckets = string.match(KEYS[1], "^[^}]*}:") .. "u:"
   local hour_key, day_key = buckets .. "h:" .. fmt(hour), buckets .. "d:" .. fmt(day)
   -- A bucket's end of life is fixed when it is created: set it then, not per request.
-  if redis.call("INCR", hour_key) == 1 then
+  if redis.call("INCRBY", hour_key, units) == units then
     redis.call("PEXPIRE", hour_key, math.ceil(((hour + hours) * HOUR - now) / 1000))
   end
-  if redis.call("INCR", day_key) == 1 then
+  if redis.call("INCRBY", day_key, units) == units then
     redis.call("PEXPIRE", day_key, math.ceil(((day + days) * DAY - now) / 1000))
   end
 end
