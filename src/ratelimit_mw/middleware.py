@@ -31,10 +31,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .decision import Decision, Lease, Verdict
 from .errors import ConfigError
 from .events import DecisionEvent, DecisionHook, Source, call_hook, log_denial
-from .failure import Gate, StorageGuard
+from .failure import Gate, StorageGuard, describe_error
 from .headers import HeaderFormat, retry_after_value
 from .keys import APIKey, AuthenticatedUser, ClientIP, KeyFunc, TrustedProxies, is_async_callable
 from .plans import Plan, check_plan, make_plan
+from .policy import Limit
 from .responses import Denial, DeniedHook, denial_body, send_response, unavailable_body
 from .routes import NO_ROUTE, RouteRule, RouteSpec, RouteTable
 from .settings import RateLimitSettings
@@ -225,6 +226,7 @@ class RateLimitMiddleware:
         # call into it costs more than the look-up.
         self._route_cache: dict[tuple[str, ...], RouteSpec] = self._routes.cache
         self._lease = settings.concurrency_lease
+        self._renewals = _Renewals(self._lease)
         self._usage = settings.quota_history
         self._plans: dict[tuple[str, RouteSpec], Plan] = {}
         self._late: set[tuple[str, str]] = set()  # (tier, route) found bad after start-up
@@ -286,12 +288,19 @@ class RateLimitMiddleware:
             await self.app(scope, receive,
                            _Adding(send, outcome.headers) if outcome.headers else send)
             return
+        renewals = self._renewals
+        renewals.hold(leases, self._granted_by(outcome.source))
         # Memory storage and pipelined Redis give slots back without awaiting: a plain
         # send wrapper does it, with no coroutine of its own.
         storage = self._frees_at_once
         if storage is None or outcome.source == "fallback":
-            await self._holding_slots(scope, receive, send, outcome.headers, leases,
-                                      outcome.source)
+            try:  # not a finally (see _holding_slots)
+                await self._holding_slots(scope, receive, send, outcome.headers, leases,
+                                          outcome.source)
+            except BaseException as exc:
+                renewals.drop(leases)
+                raise exc
+            renewals.drop(leases)
             return
         freeing = _Freeing(send, outcome.headers, leases, storage, scope["method"] == "HEAD")
         watch = _Watch(receive, freeing.free, self._watches)
@@ -300,9 +309,17 @@ class RateLimitMiddleware:
         except BaseException as exc:
             watch.stop()
             freeing.free()
+            renewals.drop(leases)
             raise exc
         watch.stop()
         freeing.free()
+        renewals.drop(leases)
+
+    def _granted_by(self, source: Source) -> Storage:
+        """The storage whose slots a verdict from ``source`` holds."""
+        if source == "fallback" and self.guard is not None and self.guard.fallback is not None:
+            return self.guard.fallback
+        return self.storage
 
     async def _not_http(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Websockets (limited only when asked to), lifespan, anything else: passed on."""
@@ -650,14 +667,18 @@ class RateLimitMiddleware:
         if verdict is None or not verdict.leases:
             await self.app(scope, receive, send)
             return
-        # A websocket holds its slot while it is connected, within the slot's lease
+        # A websocket holds its slot while it is connected, its lease renewed meanwhile
         # (no finally: see _holding_slots).
+        source: Source = outcome.source  # type: ignore[union-attr]
+        self._renewals.hold(verdict.leases, self._granted_by(source))
         try:
             await self.app(scope, receive, send)
         except BaseException as exc:
-            await self._give_back(verdict.leases, outcome.source)  # type: ignore[union-attr]
+            self._renewals.drop(verdict.leases)
+            await self._give_back(verdict.leases, source)
             raise exc
-        await self._give_back(verdict.leases, outcome.source)  # type: ignore[union-attr]
+        self._renewals.drop(verdict.leases)
+        await self._give_back(verdict.leases, source)
 
     def _closing(self, receive: Receive) -> Receive:
         """Close the storage we opened when the app shuts down."""
@@ -711,6 +732,55 @@ class _Returns:
             done.set_exception(exc)
         else:
             done.set_result(None)
+
+
+class _Renewals:
+    """The concurrency slots this worker's requests hold, renewed every third of a lease
+    while they are held, so a slot lasts as long as its request however long it runs
+    (a stream, a websocket); a worker that died renews nothing, and its slots end
+    within a lease. Requests shorter than a third of a lease are never renewed."""
+
+    __slots__ = ("_held", "_lease_us", "_task", "_tick")
+
+    def __init__(self, lease: float) -> None:
+        self._held: dict[int, tuple[tuple[Lease, ...], Storage]] = {}
+        self._lease_us = Limit.concurrency(1, lease=lease).period_us
+        self._tick = lease / 3
+        self._task: asyncio.Task[None] | None = None
+
+    def hold(self, leases: tuple[Lease, ...], storage: Storage) -> None:
+        """``leases`` are held from now (until ``drop``)."""
+        self._held[id(leases)] = (leases, storage)
+        task = self._task
+        loop = asyncio.get_running_loop()
+        if task is None or task.get_loop() is not loop:
+            self._task = loop.create_task(self._renew())
+
+    def drop(self, leases: tuple[Lease, ...]) -> None:
+        """``leases`` are given back (or about to be): no more renewing."""
+        self._held.pop(id(leases), None)
+
+    async def _renew(self) -> None:
+        held = self._held
+        seen: set[int] = set()
+        while held:
+            await asyncio.sleep(self._tick)
+            # Renewed: what was held at the last look already (a lease or more ago, at
+            # most two thirds of one: each is renewed well before it ends).
+            due: dict[int, tuple[Storage, list[Lease]]] = {}
+            for ident, (leases, storage) in held.items():
+                if ident in seen:
+                    due.setdefault(id(storage), (storage, []))[1].extend(leases)
+            seen = set(held)
+            for storage, renewing in due.values():
+                try:
+                    await storage.renew(renewing, self._lease_us)
+                except Exception as exc:
+                    _log.warning("ratelimit_mw: couldn't renew %d concurrency slot(s) "
+                                 "(%s); they end with their lease unless renewed later",
+                                 len(renewing), describe_error(exc))
+        if self._task is asyncio.current_task():
+            self._task = None
 
 
 def _gave_back(count: int, future: asyncio.Future[Any]) -> None:

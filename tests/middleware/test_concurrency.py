@@ -696,3 +696,62 @@ async def test_the_apps_own_error_survives_a_failed_give_back(
     with pytest.raises(RuntimeError, match="the app's own error"):
         await middleware(scope, receive, send)
     assert "couldn't give back 1 concurrency slot(s)" in caplog.text
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def real_time_storage(request: pytest.FixtureRequest) -> AsyncIterator[Storage]:
+    """Memory or Redis storage on the real clock (leases renew on the event loop's)."""
+    if request.param == "memory":
+        yield MemoryStorage()
+        return
+    storage = RedisStorage.from_url(request.getfixturevalue("redis_url"),
+                                    prefix=request.getfixturevalue("redis_prefix"),
+                                    timeout=2.0)
+    yield storage
+    await storage.close()
+
+
+async def test_a_request_longer_than_its_lease_keeps_its_slot(
+    real_time_storage: Storage,
+) -> None:
+    """Lease 1.2 s, one slot: a request held for 2.1 s keeps its slot all along (its
+    lease is renewed while it runs), so a second request meanwhile is refused; the slot
+    is back once it ends."""
+    storage = real_time_storage
+    gate = Gate()
+    app = make_app(gate.routes(), tiers=[Tier("t", "1000/minute", concurrency=1)],
+                   storage=storage, concurrency_lease=1.2, storage_timeout=2.0)
+    async with client_for(app) as client:
+        held = asyncio.ensure_future(client.get("/wait"))
+        await until(lambda: _true(gate.entered == 1))
+        for _ in range(3):  # at 0.7, 1.4 and 2.1 s: past the first lease, and the next
+            await asyncio.sleep(0.7)
+            assert await in_flight(storage, 1, lease=1.2) == 1
+            assert (await client.get("/")).status_code == 429
+        gate.open.set()
+        assert (await held).status_code == 200
+        await until(lambda: in_flight_is_zero(storage))
+        assert (await client.get("/")).status_code == 200
+
+
+async def in_flight_is_zero(storage: Storage) -> bool:
+    return await in_flight(storage, 1, lease=1.2) == 0
+
+
+async def test_renewing_never_brings_a_slot_back(real_time_storage: Storage) -> None:
+    """A lease given back, or one that has ended, stays ended when renewed late."""
+    storage = real_time_storage
+    hit = Hit(Limit.concurrency(2, lease=0.3))
+    first = (await storage.decide(KEY, [hit])).leases
+    second = (await storage.decide(KEY, [hit])).leases
+    await storage.release(first)
+    await storage.renew([*first, *second], hit.limit.period_us)
+    assert await in_flight(storage, 2, lease=0.3) == 1  # the given-back one stays back
+    await asyncio.sleep(0.2)
+    await storage.renew(second, hit.limit.period_us)
+    await asyncio.sleep(0.2)  # past its first end: renewed, still held
+    assert await in_flight(storage, 2, lease=0.3) == 1
+    await asyncio.sleep(0.2)  # past the renewed end
+    assert await in_flight(storage, 2, lease=0.3) == 0
+    await storage.renew(second, hit.limit.period_us)
+    assert await in_flight(storage, 2, lease=0.3) == 0

@@ -45,6 +45,17 @@ def with_lease(live: State, now: int, period: int, lease_id: str) -> State:
     return tuple(sorted((*live, lease)))  # the clock went back: keep the order
 
 
+def renewed(state: State, now: int, period: int, lease_id: str) -> State:
+    """The state after the request holding ``lease_id`` renewed its slot to a whole
+    ``period`` from ``now``; a lease that has ended (or was given back) stays ended."""
+    for i, (expires, held) in enumerate(state):
+        if held == lease_id:
+            if expires <= now:
+                return state
+            return with_lease(state[:i] + state[i + 1:], now, period, lease_id)
+    return state
+
+
 def without_lease(state: State, lease_id: str) -> State:
     """The state after the request holding ``lease_id`` gave its slot back."""
     for i, lease in enumerate(state):

@@ -76,6 +76,12 @@ class Storage(ABC):
         """Look at the limits without consuming anything (for quota reports)."""
         return await self.decide(key, [Hit(hit.limit, 0, hit.scope) for hit in hits])
 
+    async def renew(self, leases: Sequence[Lease], period_us: int) -> None:
+        """Extend slots still held to a whole lease (``period_us``) from now, for a
+        request that runs longer than its lease; an ended lease stays ended. A storage
+        that does not override this keeps every lease as it was granted."""
+        return None
+
     @abstractmethod
     async def release(self, leases: Sequence[Lease]) -> None:
         """Give concurrency slots back (at the end of the request that took them)."""

@@ -11,7 +11,7 @@ from typing import Any
 from mypy_extensions import mypyc_attr
 
 from ..algorithms import run
-from ..algorithms.concurrency import with_lease, without_lease
+from ..algorithms.concurrency import renewed, with_lease, without_lease
 from ..decision import Lease, Verdict, decision_from
 from ..errors import ConfigError
 from ..policy import Hit
@@ -217,6 +217,25 @@ class MemoryStorage(Storage):
 
     async def release(self, leases: Sequence[Lease]) -> None:
         self.release_now(leases)
+
+    async def renew(self, leases: Sequence[Lease], period_us: int) -> None:
+        self.renew_now(leases, period_us)
+
+    def renew_now(self, leases: Sequence[Lease], period_us: int) -> None:
+        """The synchronous core of ``renew``."""
+        now = self._now()
+        for lease in leases:
+            entry = self._keys.get(lease.key)
+            slot = (lease.scope, lease.uid)
+            cell = entry.cells.get(slot) if entry is not None else None
+            if entry is None or cell is None or cell[1] <= now:
+                continue
+            state = renewed(cell[0], now, period_us, lease.id)
+            if state is not cell[0]:
+                expires = max(cell[1], now + period_us)
+                entry.cells[slot] = (state, expires)
+                if expires > entry.expires:
+                    entry.expires = expires
 
     def release_now(self, leases: Sequence[Lease]) -> None:
         """The synchronous core of ``release``."""

@@ -88,7 +88,7 @@ class RedisStorage(Storage):
     """
 
     __slots__ = ("_client", "_clock", "_encode", "_owns_client", "_pipeline", "_plans",
-                 "_script", "_socket_timeout", "_tags", "_usage_args",
+                 "_renew_script", "_script", "_socket_timeout", "_tags", "_usage_args",
                  "pipeline", "prefix", "retention", "timeout")
 
     def __init__(
@@ -128,6 +128,8 @@ class RedisStorage(Storage):
         self._clock = clock
         script = decide_script_source()
         self._script: AsyncScript = client.register_script(script)
+        self._renew_script: AsyncScript = client.register_script(
+            (files("ratelimit_mw.storage") / "lua" / "renew.lua").read_text(encoding="utf-8"))
         # Pipelined decisions and give-backs share one connection of their own.
         self._pipeline = Pipeline(client, pack_script_load(script),
                                   self._abandon) if self.pipeline else None
@@ -291,6 +293,26 @@ class RedisStorage(Storage):
         if len(leases) == 1:
             return self._queue_release(leases[0])
         return asyncio.gather(*[self._queue_release(lease) for lease in leases])
+
+    async def renew(self, leases: Sequence[Lease], period_us: int) -> None:
+        """See ``Storage.renew``: one script call per identity (whose keys share a hash
+        slot, so it works on Cluster), on Redis's clock; bounded by ten times the
+        storage's timeout, a second at least."""
+        clock = "" if self._clock is None else str(round(self._clock() * 1_000_000))
+        by_identity: dict[str, list[Lease]] = {}
+        for lease in leases:
+            by_identity.setdefault(lease.key, []).append(lease)
+        calls = [self._renew_script(
+            keys=[redis_key(self.prefix, lease.key, lease.scope, lease.uid) for lease in held],
+            args=[clock, period_us, *(lease.id for lease in held)],
+        ) for held in by_identity.values()]
+        bound = None if self.timeout is None else max(1.0, 10 * self.timeout)
+        try:
+            async with asyncio.timeout(bound):
+                await asyncio.gather(*calls)
+        except _FAILURES as exc:
+            msg = f"redis could not renew {len(leases)} slot(s): {_cause(exc)}"
+            raise StorageError(msg) from exc
 
     async def release(self, leases: Sequence[Lease]) -> None:
         """Give slots back: one ZREM each, in the next pipeline flush with the decisions

@@ -1,0 +1,27 @@
+-- units: time in microseconds. Renews the concurrency slots of one identity (its keys
+-- share a hash slot) for requests that run longer than their lease.
+-- KEYS[i]: a slot set; ARGV[1]: empty (Redis's clock) or a time (tests only);
+-- ARGV[2]: the lease; ARGV[2 + i]: the lease id held in KEYS[i].
+-- A lease still running ends a whole lease from now; one that ended, or was given
+-- back, stays ended (ZADD XX never brings a member back). Reply: how many renewed.
+local now
+if ARGV[1] == "" then
+  local t = redis.call("TIME")
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[1])
+end
+local period = tonumber(ARGV[2])
+local ttl_ms = math.ceil(period / 1000) + 1000
+local renewed = 0
+for i, key in ipairs(KEYS) do
+  local expires = redis.call("ZSCORE", key, ARGV[2 + i])
+  if expires and tonumber(expires) > now then
+    redis.call("ZADD", key, "XX", string.format("%d", now + period), ARGV[2 + i])
+    if redis.call("PTTL", key) < ttl_ms then
+      redis.call("PEXPIRE", key, ttl_ms)
+    end
+    renewed = renewed + 1
+  end
+end
+return renewed
