@@ -501,12 +501,9 @@ async def test_a_refusal_inside_counts_nothing_whatever_failure_status(
     assert "0/0 calls failed" in repr(outer)
 
 
-async def test_a_background_task_that_fails_after_a_stream_counts_a_failure(
-    breaker: CircuitBreaker,
-) -> None:
-    """Starlette's StreamingResponse listens for a disconnect, and the server reports
-    one once the last body is sent: that is the response done, not the client gone,
-    so the background task that fails after it is a failure of the dependency."""
+def streaming_with_failing_task(breaker: CircuitBreaker) -> Starlette:
+    """A guarded app whose ``/feed`` streams a body, then runs a background task that
+    fails (a write-behind to the dependency)."""
     from starlette.background import BackgroundTask
     from starlette.responses import StreamingResponse
 
@@ -519,9 +516,17 @@ async def test_a_background_task_that_fails_after_a_stream_counts_a_failure(
 
         return StreamingResponse(chunks(), background=BackgroundTask(push_upstream))
 
-    app = Starlette(routes=[Route("/feed", endpoint)],
-                    middleware=[Middleware(BreakerGuard, breaker=breaker)])
-    async with client_for(app) as client:
+    return Starlette(routes=[Route("/feed", endpoint)],
+                     middleware=[Middleware(BreakerGuard, breaker=breaker)])
+
+
+async def test_a_background_task_that_fails_after_a_stream_counts_a_failure(
+    breaker: CircuitBreaker,
+) -> None:
+    """Starlette's StreamingResponse listens for a disconnect, and the server reports
+    one once the last body is sent: that is the response done, not the client gone,
+    so the background task that fails after it is a failure of the dependency."""
+    async with client_for(streaming_with_failing_task(breaker)) as client:
         for _ in range(4):
             assert (await client.get("/feed")).status_code == 200
     assert state_of(breaker) is CircuitState.OPEN
@@ -533,24 +538,10 @@ def test_a_failing_background_task_counts_under_uvicorn(clock: FakeClock, http: 
     response is complete: the background task's failures open the breaker."""
     import time
 
-    from starlette.background import BackgroundTask
-    from starlette.responses import StreamingResponse
-
     from tests.servers import serve
 
     breaker = CircuitBreaker(name="db", window_size=4, minimum_calls=4, clock=clock)
-
-    async def push_upstream() -> None:
-        raise ConnectionError("upstream refused the write-behind")
-
-    async def endpoint(request: Request) -> Response:
-        async def chunks() -> Any:
-            yield b"done"
-
-        return StreamingResponse(chunks(), background=BackgroundTask(push_upstream))
-
-    app = Starlette(routes=[Route("/feed", endpoint)],
-                    middleware=[Middleware(BreakerGuard, breaker=breaker)])
+    app = streaming_with_failing_task(breaker)
     # uvicorn closes a connection whose app raised: one connection per request.
     with serve(app, http=http) as url, httpx.Client(
         base_url=url, headers={"Connection": "close"},
