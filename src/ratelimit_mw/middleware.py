@@ -753,8 +753,8 @@ class _Renewals:
         self._held[id(leases)] = (leases, storage)
         task = self._task
         loop = asyncio.get_running_loop()
-        if task is None or task.get_loop() is not loop:
-            self._task = loop.create_task(self._renew())
+        if task is None or task.done() or task.get_loop() is not loop:
+            self._task = loop.create_task(self._renew(), name="ratelimit_mw lease renewals")
 
     def drop(self, leases: tuple[Lease, ...]) -> None:
         """``leases`` are given back (or about to be): no more renewing."""
@@ -779,8 +779,6 @@ class _Renewals:
                     _log.warning("ratelimit_mw: couldn't renew %d concurrency slot(s) "
                                  "(%s); they end with their lease unless renewed later",
                                  len(renewing), describe_error(exc))
-        if self._task is asyncio.current_task():
-            self._task = None
 
 
 def _gave_back(count: int, future: asyncio.Future[Any]) -> None:

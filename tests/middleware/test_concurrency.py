@@ -755,3 +755,34 @@ async def test_renewing_never_brings_a_slot_back(real_time_storage: Storage) -> 
     assert await in_flight(storage, 2, lease=0.3) == 0
     await storage.renew(second, hit.limit.period_us)
     assert await in_flight(storage, 2, lease=0.3) == 0
+
+
+async def test_a_failing_renewal_is_logged_and_renewing_stops_when_nothing_is_held(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A storage whose renewals fail: logged, and the renewing goes on; once no request
+    holds a slot, the renewals' task ends (it is started again by the next one)."""
+    class Failing(MemoryStorage):
+        renewals = 0
+
+        async def renew(self, leases: Any, period_us: int) -> None:
+            Failing.renewals += 1
+            raise OSError("the storage went away")
+
+    def renewing() -> list[asyncio.Task[Any]]:
+        return [task for task in asyncio.all_tasks()
+                if task.get_name() == "ratelimit_mw lease renewals"]
+
+    gate = Gate()
+    app = make_app(gate.routes(), tiers=[Tier("t", "1000/minute", concurrency=1)],
+                   storage=Failing(), concurrency_lease=0.3)
+    async with client_for(app) as client:
+        held = asyncio.ensure_future(client.get("/wait"))
+        await until(lambda: _true(Failing.renewals >= 2))
+        assert "couldn't renew 1 concurrency slot(s) (OSError: the storage went away)" in (
+            caplog.text)
+        assert len(renewing()) == 1
+        gate.open.set()
+        assert (await held).status_code == 200
+        await until(lambda: _true(not renewing()))
+        assert (await client.get("/")).status_code == 200
