@@ -16,9 +16,11 @@ from tests.conftest import free_port
 
 @contextmanager
 def serve(app: Any, **config: Any) -> Iterator[str]:
-    """Run ``app`` under uvicorn until the block ends; yields its base URL."""
+    """Run ``app`` under uvicorn until the block ends; yields its base URL. On h11
+    unless ``http`` says otherwise (the subprocess servers take uvicorn's default)."""
     port = free_port()
-    options: dict[str, Any] = {"log_level": "warning", "ws": "none", "lifespan": "on", **config}
+    options: dict[str, Any] = {"log_level": "warning", "ws": "none", "lifespan": "on",
+                               "http": "h11", **config}
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, **options))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

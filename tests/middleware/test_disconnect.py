@@ -105,7 +105,9 @@ def server(storages: tuple[Storage, Storage]) -> Iterator[tuple[str, Handlers, S
                     Route("/echo", handlers.echo, methods=["POST"]),
                     Route("/waits", handlers.waits_for_disconnect),
                     Route("/", lambda request: PlainTextResponse("ok"))],
-                   tiers=[Tier("t", "1000/minute", concurrency=1)], storage=storage)
+                   tiers=[Tier("t", "1000/minute", concurrency=1)], storage=storage,
+                   # Generous: a decision that times out on a loaded host takes no slot.
+                   storage_timeout=1.0)
 
     async def closing(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "lifespan":
