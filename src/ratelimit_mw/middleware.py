@@ -738,47 +738,64 @@ class _Renewals:
     """The concurrency slots this worker's requests hold, renewed every third of a lease
     while they are held, so a slot lasts as long as its request however long it runs
     (a stream, a websocket); a worker that died renews nothing, and its slots end
-    within a lease. Requests shorter than a third of a lease are never renewed."""
+    within a lease.
 
-    __slots__ = ("_held", "_lease_us", "_task", "_tick")
+    A timer, armed while anything is held, starts each round of renewals as a task of
+    its own (nothing waits on the loop in between, and a round that hangs can't hold up
+    the next)."""
+
+    __slots__ = ("_held", "_lease_us", "_loop", "_rounds", "_tick", "_timer")
 
     def __init__(self, lease: float) -> None:
         self._held: dict[int, tuple[tuple[Lease, ...], Storage]] = {}
         self._lease_us = Limit.concurrency(1, lease=lease).period_us
         self._tick = lease / 3
-        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._rounds: set[asyncio.Task[None]] = set()
 
     def hold(self, leases: tuple[Lease, ...], storage: Storage) -> None:
         """``leases`` are held from now (until ``drop``)."""
         self._held[id(leases)] = (leases, storage)
-        task = self._task
-        loop = asyncio.get_running_loop()
-        if task is None or task.done() or task.get_loop() is not loop:
-            self._task = loop.create_task(self._renew(), name="ratelimit_mw lease renewals")
+        if self._timer is None or self._loop is not asyncio.get_running_loop():
+            self._arm(asyncio.get_running_loop())
 
     def drop(self, leases: tuple[Lease, ...]) -> None:
         """``leases`` are given back (or about to be): no more renewing."""
         self._held.pop(id(leases), None)
 
-    async def _renew(self) -> None:
-        held = self._held
-        seen: set[int] = set()
-        while held:
-            await asyncio.sleep(self._tick)
-            # Renewed: what was held at the last look already (a lease or more ago, at
-            # most two thirds of one: each is renewed well before it ends).
-            due: dict[int, tuple[Storage, list[Lease]]] = {}
-            for ident, (leases, storage) in held.items():
-                if ident in seen:
-                    due.setdefault(id(storage), (storage, []))[1].extend(leases)
-            seen = set(held)
-            for storage, renewing in due.values():
-                try:
-                    await storage.renew(renewing, self._lease_us)
-                except Exception as exc:
-                    _log.warning("ratelimit_mw: couldn't renew %d concurrency slot(s) "
-                                 "(%s); they end with their lease unless renewed later",
-                                 len(renewing), describe_error(exc))
+    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._timer = loop.call_later(self._tick, self._due)
+
+    def _due(self) -> None:
+        """A tick: renew everything held now (a slot is renewed at most a third of a
+        lease after it was taken, and twice more before its lease would end), and arm
+        the next tick while anything is held."""
+        self._timer = None
+        if not self._held:
+            return
+        due: dict[int, tuple[Storage, list[Lease]]] = {}
+        for leases, storage in self._held.values():
+            due.setdefault(id(storage), (storage, []))[1].extend(leases)
+        loop: asyncio.AbstractEventLoop = self._loop  # type: ignore[assignment]
+        # Each storage on its own, within a tick: a Redis that hangs must not hold up
+        # the renewals of the memory fallback taking its place.
+        for storage, renewing in due.values():
+            task = loop.create_task(self._renew(storage, renewing),
+                                    name="ratelimit_mw lease renewals")
+            self._rounds.add(task)
+            task.add_done_callback(self._rounds.discard)
+        self._arm(loop)
+
+    async def _renew(self, storage: Storage, leases: list[Lease]) -> None:
+        try:
+            async with asyncio.timeout(self._tick):
+                await storage.renew(leases, self._lease_us)
+        except Exception as exc:
+            _log.warning("ratelimit_mw: couldn't renew %d concurrency slot(s) (%s); they "
+                         "end with their lease unless renewed later", len(leases),
+                         describe_error(exc))
 
 
 def _gave_back(count: int, future: asyncio.Future[Any]) -> None:

@@ -38,6 +38,7 @@ from .wire import PackedPlan, pack_plan, pack_release, pack_script_load, slots_t
 __all__ = ["RedisStorage", "decide_script_source"]
 
 _CACHED = 4096  # packed plans and tags kept per storage (then forgotten at once)
+_RENEWING = 16  # lease renewals (script calls, one per identity) in flight at once
 # RedisClusterException (no topology, slot not covered) is not a RedisError.
 _FAILURES = (redis_errors.RedisError, redis_errors.RedisClusterException, OSError,
              asyncio.TimeoutError)
@@ -296,23 +297,38 @@ class RedisStorage(Storage):
 
     async def renew(self, leases: Sequence[Lease], period_us: int) -> None:
         """See ``Storage.renew``: one script call per identity (whose keys share a hash
-        slot, so it works on Cluster), on Redis's clock; bounded by ten times the
-        storage's timeout, a second at least."""
+        slot, so it works on Cluster), on Redis's clock, a few at a time (a burst of
+        new connections would time out); bounded by ten times the storage's timeout,
+        a second at least. Each identity's renewal stands on its own: the error
+        counts the slots whose renewal failed."""
         clock = "" if self._clock is None else str(round(self._clock() * 1_000_000))
         by_identity: dict[str, list[Lease]] = {}
         for lease in leases:
             by_identity.setdefault(lease.key, []).append(lease)
-        calls = [self._renew_script(
-            keys=[redis_key(self.prefix, lease.key, lease.scope, lease.uid) for lease in held],
-            args=[clock, period_us, *(lease.id for lease in held)],
-        ) for held in by_identity.values()]
-        bound = None if self.timeout is None else max(1.0, 10 * self.timeout)
+        ways = asyncio.Semaphore(_RENEWING)
+
+        async def renew(held: list[Lease]) -> None:
+            async with ways:
+                await self._renew_script(
+                    keys=[redis_key(self.prefix, lease.key, lease.scope, lease.uid)
+                          for lease in held],
+                    args=[clock, period_us, *(lease.id for lease in held)])
+
+        groups = list(by_identity.values())
+        bound = max(1.0, 10 * self.timeout) if self.timeout is not None else None
         try:
             async with asyncio.timeout(bound):
-                await asyncio.gather(*calls)
-        except _FAILURES as exc:
-            msg = f"redis could not renew {len(leases)} slot(s): {_cause(exc)}"
+                outcomes = await asyncio.gather(*map(renew, groups), return_exceptions=True)
+        except TimeoutError as exc:
+            msg = f"redis could not renew {len(leases)} slot(s) within {bound}s"
             raise StorageError(msg) from exc
+        failed = [(group, outcome) for group, outcome in zip(groups, outcomes, strict=True)
+                  if isinstance(outcome, BaseException)]
+        if failed:
+            count = sum(len(group) for group, _ in failed)
+            msg = (f"redis could not renew {count} of {len(leases)} slot(s): "
+                   f"{_cause(failed[0][1])}")
+            raise StorageError(msg) from failed[0][1]
 
     async def release(self, leases: Sequence[Lease]) -> None:
         """Give slots back: one ZREM each, in the next pipeline flush with the decisions
