@@ -740,45 +740,44 @@ class _Renewals:
     (a stream, a websocket); a worker that died renews nothing, and its slots end
     within a lease.
 
-    A timer, armed while anything is held, starts each round of renewals as a task of
-    its own (nothing waits on the loop in between, and a round that hangs can't hold up
-    the next)."""
+    A timer per event loop, armed while a slot is held on that loop, starts each round
+    of renewals of that loop's slots as tasks of their own (nothing waits on the loop
+    in between, and a round that hangs can't hold up the next)."""
 
-    __slots__ = ("_held", "_lease_us", "_loop", "_rounds", "_tick", "_timer")
+    __slots__ = ("_armed", "_held", "_lease_us", "_rounds", "_tick")
 
     def __init__(self, lease: float) -> None:
-        self._held: dict[int, tuple[tuple[Lease, ...], Storage]] = {}
+        self._held: dict[int, tuple[tuple[Lease, ...], Storage, asyncio.AbstractEventLoop]] = {}
         self._lease_us = Limit.concurrency(1, lease=lease).period_us
         self._tick = lease / 3
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._armed: set[asyncio.AbstractEventLoop] = set()
         self._rounds: set[asyncio.Task[None]] = set()
 
     def hold(self, leases: tuple[Lease, ...], storage: Storage) -> None:
         """``leases`` are held from now (until ``drop``)."""
-        self._held[id(leases)] = (leases, storage)
-        if self._timer is None or self._loop is not asyncio.get_running_loop():
-            self._arm(asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        self._held[id(leases)] = (leases, storage, loop)
+        if loop not in self._armed:
+            # Loops closed with a timer still set (a test client's) are forgotten here.
+            self._armed = {armed for armed in self._armed if not armed.is_closed()}
+            self._armed.add(loop)
+            loop.call_later(self._tick, self._due, loop)
 
     def drop(self, leases: tuple[Lease, ...]) -> None:
         """``leases`` are given back (or about to be): no more renewing."""
         self._held.pop(id(leases), None)
 
-    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._timer = loop.call_later(self._tick, self._due)
-
-    def _due(self) -> None:
-        """A tick: renew everything held now (a slot is renewed at most a third of a
-        lease after it was taken, and twice more before its lease would end), and arm
-        the next tick while anything is held."""
-        self._timer = None
-        if not self._held:
-            return
+    def _due(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A tick on ``loop``: renew every slot held on it now (a slot is renewed at most
+        a third of a lease after it was taken, and twice more before its lease would
+        end), and arm the next tick while any is held."""
         due: dict[int, tuple[Storage, list[Lease]]] = {}
-        for leases, storage in self._held.values():
-            due.setdefault(id(storage), (storage, []))[1].extend(leases)
-        loop: asyncio.AbstractEventLoop = self._loop  # type: ignore[assignment]
+        for leases, storage, on in self._held.values():
+            if on is loop:
+                due.setdefault(id(storage), (storage, []))[1].extend(leases)
+        if not due:
+            self._armed.discard(loop)
+            return
         # Each storage on its own, within a tick: a Redis that hangs must not hold up
         # the renewals of the memory fallback taking its place.
         for storage, renewing in due.values():
@@ -786,7 +785,7 @@ class _Renewals:
                                     name="ratelimit_mw lease renewals")
             self._rounds.add(task)
             task.add_done_callback(self._rounds.discard)
-        self._arm(loop)
+        loop.call_later(self._tick, self._due, loop)
 
     async def _renew(self, storage: Storage, leases: list[Lease]) -> None:
         try:

@@ -852,3 +852,39 @@ async def test_a_hanging_storage_does_not_hold_up_the_fallback_s_renewals() -> N
         assert (await client.get("/")).status_code == 429
         gate.open.set()
         assert [(await first).status_code, (await second).status_code] == [200, 200]
+
+
+def test_slots_held_on_two_event_loops_at_once_are_each_renewed() -> None:
+    """One middleware driven from two event loops at the same time (a test client used
+    without ``with`` runs each request on a loop of its own): a request on loop B does
+    not take over loop A's renewals, so A's slot, held past its lease, still counts."""
+    storage = MemoryStorage()
+    gate = threading.Event()
+
+    async def wait(request: Request) -> Response:
+        await asyncio.to_thread(gate.wait, 10)
+        return PlainTextResponse("done")
+
+    app = make_app([Route("/wait", wait), Route("/", lambda request: PlainTextResponse("ok"))],
+                   tiers=[Tier("t", "1000/minute", concurrency=2)], storage=storage,
+                   concurrency_lease=0.9)
+    codes: dict[str, int] = {}
+
+    def on_its_own_loop(name: str, path: str, after: float) -> threading.Thread:
+        async def call() -> None:
+            await asyncio.sleep(after)
+            async with client_for(app) as client:
+                codes[name] = (await client.get(path)).status_code
+
+        thread = threading.Thread(target=asyncio.run, args=(call(),))
+        thread.start()
+        return thread
+
+    first = on_its_own_loop("A", "/wait", 0)
+    on_its_own_loop("B", "/", 0.2).join()  # arms renewals on its loop, then ends
+    time.sleep(2.0)  # past A's lease, twice
+    taken = asyncio.run(in_flight(storage, 2, lease=0.9))
+    gate.set()
+    first.join()
+    assert codes == {"B": 200, "A": 200}
+    assert taken == 1

@@ -230,6 +230,7 @@ class MemoryStorage(Storage):
             cell = entry.cells.get(slot) if entry is not None else None
             if entry is None or cell is None or cell[1] <= now:
                 continue
+            self._keys.move_to_end(lease.key)  # in use: the last identity to evict
             state = renewed(cell[0], now, period_us, lease.id)
             if state is not cell[0]:
                 expires = max(cell[1], now + period_us)

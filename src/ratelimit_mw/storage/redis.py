@@ -298,9 +298,10 @@ class RedisStorage(Storage):
     async def renew(self, leases: Sequence[Lease], period_us: int) -> None:
         """See ``Storage.renew``: one script call per identity (whose keys share a hash
         slot, so it works on Cluster), on Redis's clock, a few at a time (a burst of
-        new connections would time out); bounded by ten times the storage's timeout,
-        a second at least. Each identity's renewal stands on its own: the error
-        counts the slots whose renewal failed."""
+        new connections would time out), each bounded like any call by the client's
+        socket timeout; the caller bounds the whole (the middleware: by its renewals'
+        tick). Each identity's renewal stands on its own: the error counts the slots
+        whose renewal failed."""
         clock = "" if self._clock is None else str(round(self._clock() * 1_000_000))
         by_identity: dict[str, list[Lease]] = {}
         for lease in leases:
@@ -315,13 +316,7 @@ class RedisStorage(Storage):
                     args=[clock, period_us, *(lease.id for lease in held)])
 
         groups = list(by_identity.values())
-        bound = max(1.0, 10 * self.timeout) if self.timeout is not None else None
-        try:
-            async with asyncio.timeout(bound):
-                outcomes = await asyncio.gather(*map(renew, groups), return_exceptions=True)
-        except TimeoutError as exc:
-            msg = f"redis could not renew {len(leases)} slot(s) within {bound}s"
-            raise StorageError(msg) from exc
+        outcomes = await asyncio.gather(*map(renew, groups), return_exceptions=True)
         failed = [(group, outcome) for group, outcome in zip(groups, outcomes, strict=True)
                   if isinstance(outcome, BaseException)]
         if failed:
