@@ -226,7 +226,7 @@ class RateLimitMiddleware:
         # call into it costs more than the look-up.
         self._route_cache: dict[tuple[str, ...], RouteSpec] = self._routes.cache
         self._lease = settings.concurrency_lease
-        self._renewals = _Renewals(self._lease)
+        self._renewals = _Renewals(self._lease, self._granted_by)
         self._usage = settings.quota_history
         self._plans: dict[tuple[str, RouteSpec], Plan] = {}
         self._late: set[tuple[str, str]] = set()  # (tier, route) found bad after start-up
@@ -289,7 +289,7 @@ class RateLimitMiddleware:
                            _Adding(send, outcome.headers) if outcome.headers else send)
             return
         renewals = self._renewals
-        renewals.hold(leases, self._granted_by(outcome.source))
+        renewals.hold(leases, outcome.source)
         # Memory storage and pipelined Redis give slots back without awaiting: a plain
         # send wrapper does it, with no coroutine of its own.
         storage = self._frees_at_once
@@ -670,7 +670,7 @@ class RateLimitMiddleware:
         # A websocket holds its slot while it is connected, its lease renewed meanwhile
         # (no finally: see _holding_slots).
         source: Source = outcome.source  # type: ignore[union-attr]
-        self._renewals.hold(verdict.leases, self._granted_by(source))
+        self._renewals.hold(verdict.leases, source)
         try:
             await self.app(scope, receive, send)
         except BaseException as exc:
@@ -744,19 +744,21 @@ class _Renewals:
     of renewals of that loop's slots as tasks of their own (nothing waits on the loop
     in between, and a round that hangs can't hold up the next)."""
 
-    __slots__ = ("_armed", "_held", "_lease_us", "_rounds", "_tick")
+    __slots__ = ("_armed", "_granted_by", "_held", "_lease_us", "_rounds", "_tick")
 
-    def __init__(self, lease: float) -> None:
-        self._held: dict[int, tuple[tuple[Lease, ...], Storage, asyncio.AbstractEventLoop]] = {}
+    def __init__(self, lease: float, granted_by: Callable[[Source], Storage]) -> None:
+        self._held: dict[int, tuple[tuple[Lease, ...], Source, asyncio.AbstractEventLoop]] = {}
+        self._granted_by = granted_by  # the storage of a verdict's source, found per tick
         self._lease_us = Limit.concurrency(1, lease=lease).period_us
         self._tick = lease / 3
         self._armed: set[asyncio.AbstractEventLoop] = set()
         self._rounds: set[asyncio.Task[None]] = set()
 
-    def hold(self, leases: tuple[Lease, ...], storage: Storage) -> None:
-        """``leases`` are held from now (until ``drop``)."""
+    def hold(self, leases: tuple[Lease, ...], source: Source) -> None:
+        """``leases``, granted by the storage of ``source``, are held from now (until
+        ``drop``)."""
         loop = asyncio.get_running_loop()
-        self._held[id(leases)] = (leases, storage, loop)
+        self._held[id(leases)] = (leases, source, loop)
         if loop not in self._armed:
             # Loops closed with a timer still set (a test client's) are forgotten here.
             self._armed = {armed for armed in self._armed if not armed.is_closed()}
@@ -772,8 +774,9 @@ class _Renewals:
         a third of a lease after it was taken, and twice more before its lease would
         end), and arm the next tick while any is held."""
         due: dict[int, tuple[Storage, list[Lease]]] = {}
-        for leases, storage, on in self._held.values():
+        for leases, source, on in self._held.values():
             if on is loop:
+                storage = self._granted_by(source)
                 due.setdefault(id(storage), (storage, []))[1].extend(leases)
         if not due:
             self._armed.discard(loop)

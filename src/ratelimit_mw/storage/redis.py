@@ -49,11 +49,15 @@ def _cause(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def _lua(*names: str) -> str:
+    """The Lua files ``names`` of ``storage/lua``, one after the other."""
+    lua = files("ratelimit_mw.storage") / "lua"
+    return "\n".join((lua / f"{name}.lua").read_text(encoding="utf-8") for name in names)
+
+
 def decide_script_source() -> str:
     """The decision script: the prelude, one file per algorithm, then the driver."""
-    lua = files("ratelimit_mw.storage") / "lua"
-    parts = ["prelude", *ALGORITHM_NAMES, "concurrency", "calendar_month", "decide"]
-    return "\n".join((lua / f"{name}.lua").read_text(encoding="utf-8") for name in parts)
+    return _lua("prelude", *ALGORITHM_NAMES, "concurrency", "calendar_month", "decide")
 
 
 class _LeaseIds:
@@ -129,8 +133,7 @@ class RedisStorage(Storage):
         self._clock = clock
         script = decide_script_source()
         self._script: AsyncScript = client.register_script(script)
-        self._renew_script: AsyncScript = client.register_script(
-            (files("ratelimit_mw.storage") / "lua" / "renew.lua").read_text(encoding="utf-8"))
+        self._renew_script: AsyncScript = client.register_script(_lua("renew"))
         # Pipelined decisions and give-backs share one connection of their own.
         self._pipeline = Pipeline(client, pack_script_load(script),
                                   self._abandon) if self.pipeline else None
@@ -180,7 +183,7 @@ class RedisStorage(Storage):
         hits = merge_hits(hits)
         if not hits and not usage:
             return Verdict(True, ())
-        clock = "" if self._clock is None else str(round(self._clock() * 1_000_000))
+        clock = self._clock_arg()
         try:
             if self.pipeline:
                 plan = self._packed(hits, bool(usage))
@@ -219,6 +222,11 @@ class RedisStorage(Storage):
             msg = f"redis answered a decision with {str(reply)[:100]}, not a decision"
             raise StorageError(msg) from exc
         return verdict
+
+    def _clock_arg(self) -> str:
+        """The scripts' clock argument: empty (Redis's own clock), or the test clock's
+        time in microseconds."""
+        return "" if self._clock is None else str(round(self._clock() * 1_000_000))
 
     def _usage_arg(self, units: int) -> bytes:
         """``hours,days,units``: the retention and what one admitted request adds."""
@@ -302,13 +310,13 @@ class RedisStorage(Storage):
         socket timeout; the caller bounds the whole (the middleware: by its renewals'
         tick). Each identity's renewal stands on its own: the error counts the slots
         whose renewal failed."""
-        clock = "" if self._clock is None else str(round(self._clock() * 1_000_000))
+        clock = self._clock_arg()
         by_identity: dict[str, list[Lease]] = {}
         for lease in leases:
             by_identity.setdefault(lease.key, []).append(lease)
         ways = asyncio.Semaphore(_RENEWING)
 
-        async def renew(held: list[Lease]) -> None:
+        async def renew_one(held: list[Lease]) -> None:
             async with ways:
                 await self._renew_script(
                     keys=[redis_key(self.prefix, lease.key, lease.scope, lease.uid)
@@ -316,7 +324,7 @@ class RedisStorage(Storage):
                     args=[clock, period_us, *(lease.id for lease in held)])
 
         groups = list(by_identity.values())
-        outcomes = await asyncio.gather(*map(renew, groups), return_exceptions=True)
+        outcomes = await asyncio.gather(*map(renew_one, groups), return_exceptions=True)
         failed = [(group, outcome) for group, outcome in zip(groups, outcomes, strict=True)
                   if isinstance(outcome, BaseException)]
         if failed:
