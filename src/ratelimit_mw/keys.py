@@ -28,6 +28,7 @@ __all__ = [
     "ClientIP",
     "KeyFunc",
     "TrustedProxies",
+    "first_header_value",
     "header_value",
     "is_async_callable",
 ]
@@ -59,6 +60,19 @@ def header_value(scope: Scope, name: bytes) -> str | None:
     if not values:
         return None
     return b",".join(values).decode("latin-1")
+
+
+def first_header_value(scope: Scope, name: bytes) -> str | None:
+    """The first value of header ``name`` (lower-case bytes); None when absent.
+
+    What Starlette's ``request.headers[name]`` and FastAPI's ``Header()`` read: a key or
+    a tier must come from the value the app authenticates (every value joined, a valid
+    key sent again beside a made-up one would get a new counter each time).
+    """
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -428,7 +442,8 @@ def _digest(value: str) -> str:
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class APIKey:
-    """The API key sent in ``header`` (hashed), else ``fallback`` (the client IP)."""
+    """The API key sent in ``header`` (hashed; its first value, the one the app reads),
+    else ``fallback`` (the client IP)."""
 
     __slots__ = ("_name", "fallback", "header")
 
@@ -441,7 +456,7 @@ class APIKey:
             raise ConfigError(msg)
 
     def __call__(self, scope: Scope) -> str | None:
-        value = header_value(scope, self._name)
+        value = first_header_value(scope, self._name)
         if value is not None and value.strip():
             return f"apikey:{_digest(value.strip())}"
         return self.fallback(scope)  # type: ignore[return-value]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from starlette.types import Scope
 
 from .errors import ConfigError
-from .keys import TrustedProxies, header_name, header_value
+from .keys import TrustedProxies, first_header_value, header_name
 from .policy import Hit, Limit, limits_from
 
 __all__ = ["Tier", "TierByAPIKey", "TierFromHeader", "TierResolver", "TierTable", "as_limits"]
@@ -171,7 +171,7 @@ class TierFromHeader:
             client = scope.get("client")
             if not client or client[0] not in self.trusted:
                 return None
-        value = header_value(scope, self._name)
+        value = first_header_value(scope, self._name)
         if value is None:
             return None
         value = value.strip()
@@ -196,7 +196,7 @@ class TierByAPIKey:
         self._name = self.header.encode("latin-1")
 
     def __call__(self, scope: Scope) -> str | None:
-        value = header_value(scope, self._name)
+        value = first_header_value(scope, self._name)
         if value is None:
             return None
         return self._keys.get(value.strip())

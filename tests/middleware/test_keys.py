@@ -7,13 +7,15 @@ import re
 from typing import Any
 
 import pytest
+from fastapi import FastAPI, Header, HTTPException
 from starlette.authentication import AuthCredentials, AuthenticationBackend, SimpleUser
 from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.requests import HTTPConnection
 
 from ratelimit_mw import ConfigError, Hit, Limit, MemoryStorage
 from ratelimit_mw.keys import APIKey, AuthenticatedUser, ClientIP, TrustedProxies
-from ratelimit_mw.tiers import Tier, TierFromHeader
+from ratelimit_mw.middleware import RateLimitMiddleware
+from ratelimit_mw.tiers import Tier, TierByAPIKey, TierFromHeader
 from tests.conftest import FakeClock
 
 from .conftest import client_for, make_app
@@ -256,6 +258,51 @@ async def test_api_key_keys_requests(clock: FakeClock, memory: MemoryStorage) ->
         assert (await one.get("/", headers={"x-api-key": "k1"})).status_code == 200
         assert (await two.get("/", headers={"x-api-key": "k1"})).status_code == 429
         assert (await two.get("/", headers={"x-api-key": "k2"})).status_code == 200
+
+
+def test_a_repeated_api_key_header_keys_by_its_first_value() -> None:
+    """The key is the first value, the one Starlette and FastAPI read: a valid key sent
+    again beside a made-up one is still that key (joined, each made-up value got a new
+    counter while the app authenticated the valid key)."""
+    key = APIKey("X-API-Key")
+    alone = key(scope_from("203.0.113.7", [("X-API-Key", "good")]))
+    for other in ("r1", "r2", ""):
+        assert key(scope_from("203.0.113.7", [("X-API-Key", "good"), ("X-API-Key", other)])) \
+            == alone
+
+
+async def test_a_repeated_api_key_header_cannot_dodge_the_limit(
+    clock: FakeClock, memory: MemoryStorage,
+) -> None:
+    """Through FastAPI: the endpoint checks ``Header()`` (the first value), and a second
+    made-up header does not get the valid key a fresh counter."""
+    app = FastAPI()
+
+    @app.get("/")
+    async def index(x_api_key: str = Header()) -> dict[str, str]:
+        if x_api_key != "good":
+            raise HTTPException(401)
+        return {"key": x_api_key}
+
+    app.add_middleware(RateLimitMiddleware, tiers=[Tier("t", "2/minute")], storage=memory,
+                       clock=clock, key="api_key")
+    async with client_for(app) as client:
+        statuses = []
+        for i in range(4):
+            response = await client.get("/", headers=[("X-API-Key", "good"),
+                                                      ("X-API-Key", f"r{i}")])
+            statuses.append(response.status_code)
+    assert statuses == [200, 200, 429, 429]
+
+
+def test_a_repeated_tier_header_names_the_tier_of_its_first_value() -> None:
+    """Tiers by API key and by header read the first value too."""
+    by_key = TierByAPIKey({"good": "pro"})
+    assert by_key(scope_from("203.0.113.7", [("X-API-Key", "good"), ("X-API-Key", "x")])) \
+        == "pro"
+    by_header = TierFromHeader("x-plan", allowed=["pro"])
+    assert by_header(scope_from("203.0.113.7", [("X-Plan", "pro"), ("X-Plan", "free")])) \
+        == "pro"
 
 
 class _HeaderAuth(AuthenticationBackend):
