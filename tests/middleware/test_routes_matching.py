@@ -243,6 +243,29 @@ def test_path_patterns() -> None:
         RouteRule("/health /metrics", exempt=True)
 
 
+async def test_a_line_feed_in_the_path_does_not_dodge_a_rule(
+    clock: FakeClock, memory: MemoryStorage,
+) -> None:
+    """Starlette runs ``/reports`` for ``/reports%0A`` (its ``$`` allows a final line
+    feed) and ``/items/{id}`` for ``/items/1%0Ax``: the rules count them all the same."""
+    async def echo(request: Request) -> Response:
+        return PlainTextResponse(repr(request.scope["path"]))
+
+    routes = [Route("/reports", echo), Route("/items/{id}", echo)]
+    rules = [RouteRule("/reports", limits="2/minute"), RouteRule("/items/*", limits="2/minute")]
+    app = make_app(routes, tiers=[Tier("t", "100/minute")], storage=memory, clock=clock,
+                   rules=rules)
+    async with client_for(app) as client:
+        reports = [await client.get(path) for path in
+                   ("/reports", "/reports%0A", "/reports%0a", "/reports")]
+        items = [await client.get(path) for path in ("/items/1%0Ax", "/items/1%0A", "/items/1")]
+    assert reports[1].text == repr("/reports\n")  # the endpoint did run for it
+    assert [r.status_code for r in reports] == [200, 200, 429, 429]
+    assert [r.status_code for r in items] == [200, 200, 429]
+    assert RouteRule("/files/{name}", limits="1/minute").matches("GET", "/files/a\nb")
+    assert not RouteRule("/reports", limits="1/minute").matches("GET", "/reports\n\n")
+
+
 def test_patterns_that_match_no_route_are_named_at_start_up(
     memory: MemoryStorage, caplog: pytest.LogCaptureFixture,
 ) -> None:
