@@ -351,7 +351,7 @@ class RateLimitMiddleware:
             kind = message["type"]
             if kind == "http.response.start":
                 if headers:
-                    message["headers"] = [*message.get("headers", ()), *headers]
+                    message = _with_headers(message, headers)
                 if head:
                     await holding.give_back()
             elif kind == "http.response.body" and not message.get("more_body"):

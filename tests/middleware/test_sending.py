@@ -58,6 +58,37 @@ async def test_headers_the_app_sets_itself_are_not_sent_twice(
     assert len(response.headers.get_list("x-ratelimit-reset")) == 1  # the middleware's
 
 
+class _OwnStorage(MemoryStorage):
+    """A storage of the user's own: the middleware holds its slots on the general path."""
+
+    async def release(self, leases: Any) -> None:
+        await super().release(leases)
+
+
+@pytest.mark.parametrize("storage", [MemoryStorage, _OwnStorage])
+async def test_a_request_holding_a_slot_gets_its_headers_the_same_way(
+    storage: type[MemoryStorage],
+) -> None:
+    """With a concurrency slot taken, on every storage: the app's own headers win and
+    its start message is left as it sent it (the general path appended to it)."""
+    sent: list[Message] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        start = {"type": "http.response.start", "status": 200,
+                 "headers": [(b"content-length", b"2"), (b"x-ratelimit-limit", b"5000")]}
+        sent.append(start)
+        await send(start)
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    limited = RateLimitMiddleware(app, tiers=[Tier("t", "5/minute", concurrency=5)],
+                                  storage=storage())
+    async with client_for(limited) as client:
+        response = await client.get("/")
+    assert response.headers.get_list("x-ratelimit-limit") == ["5000"]
+    assert response.headers.get_list("x-ratelimit-remaining") == ["4"]
+    assert sent[0]["headers"] == [(b"content-length", b"2"), (b"x-ratelimit-limit", b"5000")]
+
+
 class _FailsAfterADenial(MemoryStorage):
     """Answers until it has denied once, then fails (Redis going away in between)."""
 
