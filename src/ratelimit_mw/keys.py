@@ -69,6 +69,7 @@ def first_header_value(scope: Scope, name: bytes) -> str | None:
     a tier must come from the value the app authenticates (every value joined, a valid
     key sent again beside a made-up one would get a new counter each time).
     """
+    value: bytes
     for key, value in scope["headers"]:
         if key == name:
             return value.decode("latin-1")
