@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -364,3 +365,62 @@ def test_acquire_sync_behind_a_thread_with_a_timeout() -> None:
     assert bucket.acquire_sync(1, timeout=2.0) is True
     ahead.join()
     assert results == [True]
+
+
+async def test_a_caller_behind_others_at_its_deadline_gives_up(clock: FakeClock) -> None:
+    """Behind a first waiter whose tokens are there but who has not run yet, a caller
+    out of time gets False and leaves the queue: told to wait 0, it took itself for
+    served, stayed queued, and stalled everyone once it came first."""
+    bucket = parked(clock, rate=1.0, capacity=2.0)
+    await drain(bucket)
+    first = asyncio.create_task(bucket.acquire(1))
+    await settle()
+    clock.move(2)  # its tokens are there; its sleep is not over yet
+    assert await bucket.acquire(1, timeout=0) is False
+    assert bucket.waiting == 1
+    await clock.advance(0)
+    assert await first is True
+    assert bucket.waiting == 0
+    assert await asyncio.wait_for(bucket.acquire(1), 1.0) is True
+
+
+def test_a_thread_that_moves_up_meanwhile_does_not_sleep_to_its_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A caller told to wait as one behind others, that comes first before it looks at
+    the queue again, waits for its tokens, not for its whole timeout (which held up
+    everyone behind it too)."""
+    take = TokenBucket._try_take
+    ahead_done = threading.Event()
+    held_up: list[bool] = []
+
+    def try_take(self: TokenBucket, waiter: object, deadline: float | None = None) -> object:
+        answer = take(self, waiter, deadline)  # type: ignore[arg-type]
+        if (threading.current_thread().name == "behind" and not held_up
+                and deadline is not None and self._waiters[0] is not waiter):
+            held_up.append(True)
+            ahead_done.wait(5)  # the one ahead takes its tokens meanwhile
+        return answer
+
+    monkeypatch.setattr(TokenBucket, "_try_take", try_take)
+    bucket = TokenBucket(rate=10.0, capacity=1)
+    bucket.acquire_sync()
+    took: dict[str, float] = {}
+    start = time.monotonic()
+
+    def run(name: str, timeout: float | None) -> None:
+        bucket.acquire_sync(1, timeout=timeout)
+        took[name] = time.monotonic() - start
+        if name == "ahead":
+            ahead_done.set()
+
+    ahead = threading.Thread(target=run, args=("ahead", None), name="ahead")
+    ahead.start()
+    while bucket.waiting == 0:
+        time.sleep(0.001)
+    behind = threading.Thread(target=run, args=("behind", 10.0), name="behind")
+    behind.start()
+    ahead.join(5)
+    behind.join(15)
+    assert held_up == [True]
+    assert took["behind"] < 2.0, took

@@ -144,14 +144,14 @@ class TokenBucket:
         granted = False
         self._enqueue(waiter)
         try:
-            while (wait := self._try_take(waiter, deadline)) > 0:
-                if wait == math.inf:
+            while (wait := self._try_take(waiter, deadline))[0] > 0:
+                if wait[0] == math.inf:
                     await turn
-                elif self._waiters[0] is waiter:
-                    await self._sleep(wait)
+                elif wait[1]:
+                    await self._sleep(wait[0])
                 else:  # behind others: woken when first, or looked at again by the deadline
-                    await asyncio.wait([turn], timeout=wait)
-            granted = wait == 0
+                    await asyncio.wait([turn], timeout=wait[0])
+            granted = wait[0] == 0
         finally:
             if not granted:
                 self._leave(waiter)
@@ -169,14 +169,14 @@ class TokenBucket:
         granted = False
         self._enqueue(waiter)
         try:
-            while (wait := self._try_take(waiter, deadline)) > 0:
-                if wait == math.inf:
+            while (wait := self._try_take(waiter, deadline))[0] > 0:
+                if wait[0] == math.inf:
                     turn.wait()
-                elif self._waiters[0] is waiter:
-                    self._sleep_sync(wait)
+                elif wait[1]:
+                    self._sleep_sync(wait[0])
                 else:
-                    turn.wait(wait)
-            granted = wait == 0
+                    turn.wait(wait[0])
+            granted = wait[0] == 0
         finally:
             if not granted:
                 self._leave(waiter)
@@ -228,11 +228,17 @@ class TokenBucket:
         with self._lock:
             self._waiters.append(waiter)
 
-    def _try_take(self, waiter: _Waiter, deadline: float | None = None) -> float:
+    def _try_take(self, waiter: _Waiter, deadline: float | None = None) -> tuple[float, bool]:
         """Take the tokens if ``waiter`` is first and they are there (0), else how long
         to wait: for the first, until its tokens are there; for the others, until woken
         (``math.inf``), or with a ``deadline``, at most until it. Negative: the tokens
-        could not be had by the deadline.
+        could not be had by the deadline. With it, whether ``waiter`` is first, as seen
+        under the lock (looked at after it, a waiter that had just moved up would sleep
+        as first until its deadline, and hold up everyone behind it).
+
+        Only the first ever gets 0, having taken its tokens: one behind others at its
+        deadline gives up (told to wait 0, it took itself for served and stayed queued,
+        and the queue stalled behind it when it came first).
         """
         with self._lock:
             now = self._clock()
@@ -244,19 +250,19 @@ class TokenBucket:
                     self._tokens = max(0.0, self._tokens - waiter.n)
                     self._waiters.popleft()
                     self._wake_head()
-                    return 0.0
+                    return 0.0, True
                 wait = pause + max(0.0, missing) / self.rate
-                return -1.0 if deadline is not None and now + wait > deadline else wait
+                return (-1.0 if deadline is not None and now + wait > deadline else wait), True
             if deadline is None:
-                return math.inf
+                return math.inf, False
             wanted = -self._tokens
             for queued in self._waiters:
                 wanted += queued.n
                 if queued is waiter:
                     break
-            if now + pause + max(0.0, wanted) / self.rate > deadline:
-                return -1.0
-            return deadline - now
+            if now >= deadline or now + pause + max(0.0, wanted) / self.rate > deadline:
+                return -1.0, False
+            return deadline - now, False
 
     def _leave(self, waiter: _Waiter) -> None:
         """Drop a waiter that gave up; if it was first, let the next one try."""
