@@ -39,8 +39,9 @@ class LiveServer:
                     status, retry_after = steps.pop(0) if steps else (200, lambda: "")
                 body = b"ok" if status == 200 else b"slow down"
                 self.send_response(status)
-                if retry_after():
-                    self.send_header("Retry-After", retry_after())
+                for value in retry_after().split("\n"):  # a line each
+                    if value:
+                        self.send_header("Retry-After", value)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -84,6 +85,7 @@ def server() -> Iterator[LiveServer]:
         "/sync": [(503, seconds("1"))],
         "/date": [(429, date_in(2))],
         "/long": [(429, seconds("30"))],
+        "/twice": [(429, seconds("1\n2"))],
     }
     with LiveServer(script) as live:
         yield live
@@ -110,6 +112,16 @@ def test_sync_client_waits_for_retry_after(server: LiveServer) -> None:
     first, second = server.hits["/sync"]
     assert second - first >= 1.0
     assert time.monotonic() - started >= 1.0
+
+
+async def test_a_repeated_retry_after_is_waited_for_in_full(server: LiveServer) -> None:
+    """Two Retry-After lines (a proxy added one): the longer is waited for, not neither
+    (httpx joins them to "1, 2", which used to be garbage, and back-off retried at once)."""
+    async with httpx.AsyncClient(transport=RetryTransport()) as client:
+        response = await client.get(f"{server.url}/twice")
+    assert response.status_code == 200
+    first, second = server.hits["/twice"]
+    assert 2.0 <= second - first < 5.0
 
 
 async def test_http_date_retry_after(server: LiveServer) -> None:

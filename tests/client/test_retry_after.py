@@ -135,6 +135,28 @@ def test_garbage_hint_is_logged(value: str, caplog: pytest.LogCaptureFixture) ->
     assert len(record.getMessage()) < 300
 
 
+@pytest.mark.parametrize(("lines", "wait"), [
+    (["3", "3"], 3.0),
+    (["3", "5"], 5.0),
+    (["5, 7"], 7.0),
+    (["soon", "4"], 4.0),
+    (["4, soon"], 4.0),
+    (["Thu, 01 Jan 1970 00:01:00 GMT, Thu, 01 Jan 1970 00:02:00 GMT"], 120.0 - 30.0),
+    (["Thu, 01 Jan 1970 00:01:00 GMT", "100"], 100.0),
+])
+def test_repeated_or_joined_values_ask_for_the_longest(lines: list[str], wait: float) -> None:
+    """Several values (repeated lines, or joined by a proxy): each is a minimum wait,
+    so the longest valid one counts."""
+    now = 30.0 if "1970" in lines[0] else WALL_NOW
+    headers = httpx.Headers([("Retry-After", line) for line in lines])
+    assert retry_after_hint(headers, now) == wait
+
+
+def test_many_joined_values_are_cheap() -> None:
+    """A hostile line of a million commas is garbage, read in no time."""
+    assert retry_after_hint(httpx.Headers({"Retry-After": "," * 1_000_000}), WALL_NOW) is None
+
+
 def test_missing_header_is_no_hint(caplog: pytest.LogCaptureFixture) -> None:
     """No Retry-After header is no hint and nothing to log."""
     with caplog.at_level(logging.DEBUG, logger="ratelimit_mw.client"):

@@ -9,6 +9,7 @@ the other.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable
 from typing import NamedTuple
@@ -41,6 +42,8 @@ _MIN_PLAUSIBLE_EPOCH = 1_000_000_000
 
 # Real RateLimit fields are a few dozen bytes; a longer one is not worth reading.
 _MAX_FIELD = 4096
+# Values a proxy may have joined into one Retry-After line; more are not worth reading.
+_MAX_JOINED = 8
 
 
 class Quota(NamedTuple):
@@ -158,17 +161,35 @@ def read_quota(headers: httpx.Headers, now: float) -> Quota | None:
     return ratelimit_quota(headers, now) or github_quota(headers, now)
 
 
-def retry_after_hint(headers: httpx.Headers, now: float) -> float | None:
-    """Return the wait ``Retry-After`` asks for; garbage is logged and gives None."""
-    value = headers.get("retry-after")
-    if value is None:
-        return None
+def _retry_after_waits(value: str, now: float) -> list[float]:
+    """The waits of one ``Retry-After`` field line: its value, else the values a proxy
+    joined with commas (an HTTP-date holds a comma of its own, so two pieces are tried
+    together too)."""
     wait = parse_retry_after(value, now=now)
-    if wait is None:
+    if wait is not None:
+        return [wait]
+    pieces = value.split(",", _MAX_JOINED)[:_MAX_JOINED]
+    candidates = [*pieces, *(",".join(pair) for pair in itertools.pairwise(pieces))]
+    return [w for c in candidates if (w := parse_retry_after(c, now=now)) is not None]
+
+
+def retry_after_hint(headers: httpx.Headers, now: float) -> float | None:
+    """Return the wait ``Retry-After`` asks for; garbage is logged and gives None.
+
+    A repeated header (or values a proxy joined into one) asks for the longest of its
+    valid waits: each is a minimum, never to be cut short.
+    """
+    values = headers.get_list("retry-after")
+    if not values:
+        return None
+    waits = [wait for value in values for wait in _retry_after_waits(value, now)]
+    if not waits:
         logger.warning(
-            "ignoring Retry-After %r: expected delay-seconds or an HTTP-date", _clip(value)
+            "ignoring Retry-After %r: expected delay-seconds or an HTTP-date",
+            _clip(", ".join(values)),
         )
-    return wait
+        return None
+    return max(waits)
 
 
 def github_reset_hint(headers: httpx.Headers, now: float) -> float | None:
