@@ -377,6 +377,29 @@ async def test_unsafe_methods_with_key_are_retried_with_the_same_key(
     assert recorder.bodies == [b"payload"] * 3
 
 
+@pytest.mark.parametrize("key", ["", "   ", "k" * 256])
+async def test_a_key_no_server_honours_is_no_key(clock: FakeClock, key: str) -> None:
+    """A blank Idempotency-Key (or one over 255 characters) gets a 400 or is ignored:
+    the POST is not sent again on its strength."""
+    recorder = Recorder(answer(503), answer(201))
+    async with httpx.AsyncClient(transport=retrying(recorder, clock)) as client:
+        response = await client.post(URL, content=b"x", headers={"Idempotency-Key": key})
+    assert response.status_code == 503
+    assert recorder.calls == 1
+
+
+async def test_added_key_replaces_a_blank_one(clock: FakeClock) -> None:
+    """add_idempotency_key gives a POST sent with a blank key one of its own."""
+    recorder = Recorder(answer(503), answer(201))
+    policy = RetryPolicy(add_idempotency_key=True)
+    async with httpx.AsyncClient(transport=retrying(recorder, clock, policy=policy)) as client:
+        response = await client.post(URL, content=b"x", headers={"Idempotency-Key": " "})
+    assert response.status_code == 201
+    keys = [r.headers["idempotency-key"] for r in recorder.requests]
+    assert len(keys) == 2 and keys[0] == keys[1]
+    uuid.UUID(keys[0])
+
+
 async def test_added_idempotency_key_is_reused(clock: FakeClock) -> None:
     """add_idempotency_key gives a POST one fresh key, sent on every attempt."""
     recorder = Recorder(answer(503), answer(503), answer(200))

@@ -83,7 +83,8 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
     else a jittered exponential backoff, and stops at ``max_retries`` or as
     soon as the next wait (the ``limiter``'s included) would overrun ``max_time``
     (a wait of over a day is never started). Only methods safe to
-    replay are retried; POST and PATCH need an ``Idempotency-Key`` header, but for
+    replay are retried; POST and PATCH need an ``Idempotency-Key`` header (not blank, at
+    most 255 characters; ``add_idempotency_key`` sets one where none or a blank is), but for
     ``UNSENT_ERRORS`` (nothing was sent: nothing would be replayed).
 
     Settings come from ``policy`` and can be overridden per request with
@@ -302,7 +303,7 @@ class _Attempts:
         if (
             self.policy.add_idempotency_key
             and method not in self.policy.retry_methods
-            and "idempotency-key" not in request.headers
+            and not request.headers.get("idempotency-key", "").strip()
         ):
             # Set once, so every attempt carries the same key.
             request.headers["Idempotency-Key"] = str(uuid.uuid4())
@@ -386,7 +387,7 @@ class _Attempts:
         method = self.request.method.upper()
         self.resendable = isinstance(self.request.stream, httpx.ByteStream)
         self.replayable = self.resendable and (
-            method in self.policy.retry_methods or "idempotency-key" in self.request.headers)
+            method in self.policy.retry_methods or _valid_key(self.request.headers))
 
     def after_response(self, response: httpx.Response) -> float | None:
         """Return the wait before the next attempt, or None to hand ``response`` back."""
@@ -520,3 +521,11 @@ class _Attempts:
 def _loggable(url: httpx.URL) -> str:
     """The URL without query string, fragment or credentials, safe for logs."""
     return str(url.copy_with(query=None, fragment=None, userinfo=b""))
+
+
+def _valid_key(headers: httpx.Headers) -> bool:
+    """Whether ``headers`` carry an ``Idempotency-Key`` a server would honour: not blank,
+    at most 255 characters (an empty one gets a 400, or is ignored: replaying the
+    request would risk doing it twice)."""
+    key = headers.get("idempotency-key", "").strip()
+    return 0 < len(key) <= 255
