@@ -13,4 +13,4 @@ RUN useradd --create-home app
 USER app
 
 EXPOSE 8000
-CMD ["uvicorn", "example_app.main:app", "--lifespan", "on", "--host", "0.0.0.0", "--port", "8000"]
+CMD ["uvicorn", "example_app.main:app", "--lifespan", "on", "--no-proxy-headers", "--host", "0.0.0.0", "--port", "8000"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -122,3 +123,49 @@ def test_the_compose_command_line_and_health_check_run(
         assert done.returncode == 0, done.stderr
     finally:
         server.close()
+
+
+def _run_example_options() -> list[str]:
+    """The uvicorn options ``scripts/run-example`` passes, but for the address."""
+    script = (ROOT / "scripts" / "run-example").read_text()
+    words = shlex.split(next(line for line in script.splitlines() if line.startswith("exec ")))
+    options = words[words.index("example_app.main:app") + 1:]
+    kept: list[str] = []
+    for word in options:
+        if kept and kept[-1] in ("--host", "--port"):
+            kept.pop()
+        elif word != "$@":
+            kept.append(word)
+    return kept
+
+
+def test_every_run_command_leaves_forwarding_headers_to_the_rate_limiter() -> None:
+    """scripts/run-example, the Dockerfile and docker-compose.yml all turn uvicorn's own
+    X-Forwarded-For handling off (it believes any loopback client by default)."""
+    compose = list(load_compose()["services"]["app"]["command"])
+    dockerfile = next(line for line in (ROOT / "Dockerfile").read_text().splitlines()
+                      if line.startswith("CMD "))
+    assert "--no-proxy-headers" in _run_example_options()
+    assert "--no-proxy-headers" in compose
+    assert "--no-proxy-headers" in json.loads(dockerfile.removeprefix("CMD "))
+
+
+@pytest.mark.parametrize(("trusted", "expected"), [
+    ("", [200] * 5 + [429]),  # spoofed from loopback: still the one anonymous client
+    ("127.0.0.1", [200] * 6),  # loopback as the trusted proxy: six clients
+])
+def test_the_run_command_keys_anonymous_callers_as_the_settings_say(
+    trusted: str, expected: list[int],
+) -> None:
+    """Run as scripts/run-example runs it: a client on loopback can't pick its own
+    anonymous counter with X-Forwarded-For, unless RATELIMIT_TRUSTED_PROXIES names
+    loopback as a proxy."""
+    env = {"RATELIMIT_TRUSTED_PROXIES": trusted} if trusted else {}
+    server = ExampleServer(env, args=_run_example_options()).start()
+    try:
+        codes = [httpx.get(f"{server.url}/api/v1/hello",
+                           headers={"X-Forwarded-For": f"203.0.113.{i}"}).status_code
+                 for i in range(6)]
+    finally:
+        server.close()
+    assert codes == expected
