@@ -63,6 +63,70 @@ async def test_memory_and_redis_agree_step_by_step(
         await redis_storage.close()
 
 
+@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+async def test_memory_and_redis_agree_when_the_clock_steps_back(
+    redis_url: str, redis_prefix: str, algorithm: str,
+) -> None:
+    """The clock stepping back now and then (NTP, a failover to a Redis whose clock is
+    behind): the same decisions (a sliding log in memory appended the new units after
+    later ones, its log no longer sorted, and over-admitted)."""
+    rng = random.Random(f"back-{algorithm}")
+    clock = FakeClock(1_700_000_000 + rng.random() * 1000)
+    memory = MemoryStorage(clock=clock)
+    redis_storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, clock=clock)
+    limits = _limits(algorithm, rng)
+    try:
+        for step in range(400):
+            clock.advance(rng.choice([0, 1e-6, rng.random() * 2, -rng.random() * 3]))
+            hits = [Hit(limit, rng.choice([0, 1, 1, 2])) for limit in
+                    rng.sample(limits, rng.randint(1, len(limits)))]
+            expected = _summary(await memory.decide("k", hits))
+            got = _summary(await redis_storage.decide("k", hits))
+            assert got == expected, f"step {step} at {clock.now!r}: {hits}"
+    finally:
+        await redis_storage.close()
+
+
+async def test_a_sliding_log_counts_units_from_before_the_clock_stepped_back() -> None:
+    """2 per 10 s: a unit at 5 s, the clock back to 0 s, a unit then; at 12 s the unit
+    from 5 s still counts, so a cost of 2 waits until 15 s."""
+    clock = FakeClock(1_700_000_005.0)
+    memory = MemoryStorage(clock=clock)
+    hit = Hit(Limit.parse("2/10 seconds", "sliding_log"))
+    assert (await memory.decide("k", [hit])).allowed
+    clock.now -= 5.0
+    assert (await memory.decide("k", [hit])).allowed
+    clock.now += 12.0
+    verdict = await memory.decide("k", [Hit(hit.limit, 2)])
+    assert not verdict.allowed
+    assert verdict.decisions[0].remaining == 1
+    assert verdict.decisions[0].retry_after == pytest.approx(3.0)
+
+
+async def test_a_token_bucket_denies_at_once_after_the_clock_stepped_back(
+    redis_url: str, redis_prefix: str,
+) -> None:
+    """An empty bucket, the clock 30 s back: the denial and its retry come at once (its
+    retry was found a microsecond at a time from the step back: seconds of blocking, and
+    on Redis a script past the busy limit)."""
+    clock = FakeClock(1_700_000_000.0)
+    memory = MemoryStorage(clock=clock)
+    redis_storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, clock=clock)
+    limit = Limit.parse("10/second", "token_bucket")
+    try:
+        for storage in (memory, redis_storage):
+            clock.now = 1_700_000_000.0
+            assert (await storage.decide("k", [Hit(limit, 10)])).allowed
+            clock.now -= 30.0
+            start = time.monotonic()
+            verdict = await storage.decide("k", [Hit(limit, 1)])
+            assert time.monotonic() - start < 1.0
+            assert not verdict.allowed
+            assert verdict.decisions[0].retry_after == pytest.approx(30.1)
+    finally:
+        await redis_storage.close()
+
+
 async def test_a_huge_sliding_window_finds_its_retry_at_once_and_exactly(
     redis_url: str, redis_prefix: str,
 ) -> None:

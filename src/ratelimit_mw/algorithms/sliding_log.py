@@ -30,4 +30,9 @@ def decide(
         return (False, limit - count, reset, oldest_to_go + period - now, live)
     if not cost:
         return (True, limit - count, reset, 0, live)
+    if live and live[-1] > now:
+        # The clock stepped back: the new units go before later ones (the log stays
+        # sorted, as Redis's sorted set does), and the latest still sets the reset.
+        at = bisect_right(live, now)
+        return (True, limit - count - cost, reset, 0, live[:at] + (now,) * cost + live[at:])
     return (True, limit - count - cost, period, 0, live + (now,) * cost)

@@ -54,7 +54,11 @@ def decide(
     if cost > capacity:
         return (False, math.floor(tokens), reset, NEVER_US, state)
     if tokens < cost:
-        guess = now + math.ceil((cost - tokens) / rate)
+        # Refilling starts at the last refill, which after the clock stepped back is
+        # still ahead: guessed from there, the walk is a step or two, not one per
+        # microsecond of the step back (seconds of it blocked the loop, and Redis).
+        start = state[1] if state is not None and state[1] > now else now
+        guess = start + math.ceil((cost - tokens) / rate)
         retry = _first(state, now + 1, guess, cost, capacity, rate) - now
         return (False, math.floor(tokens), reset, retry, state)
     if not cost:

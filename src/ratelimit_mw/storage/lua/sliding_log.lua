@@ -20,7 +20,8 @@ ALGORITHMS.sliding_log = function(key, now, amount, period, capacity, cost)
   if cost == 0 then
     return true, limit - count, reset, 0
   end
-  return true, limit - count - cost, period, 0, function(ttl_ms)
+  -- After the clock stepped back, the latest unit still sets the reset.
+  return true, limit - count - cost, math.max(reset, period), 0, function(ttl_ms)
     redis.call("ZREMRANGEBYSCORE", key, "-inf", fmt(now - period))
     local size = redis.call("ZCARD", key)
     -- In ZADDs of at most 500 members: unpack() takes no more than about 8000 values,

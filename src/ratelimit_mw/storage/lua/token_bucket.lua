@@ -32,7 +32,10 @@ ALGORITHMS.token_bucket = function(key, now, amount, period, capacity, cost)
     return false, math.floor(tokens), reset, NEVER
   end
   if tokens < cost then
-    local retry = tb_first(stored, last, now + 1, now + math.ceil((cost - tokens) / rate),
+    -- From the last refill, still ahead after the clock stepped back (see Python).
+    local start = now
+    if stored and last > now then start = last end
+    local retry = tb_first(stored, last, now + 1, start + math.ceil((cost - tokens) / rate),
       cost, capacity, rate) - now
     return false, math.floor(tokens), reset, retry
   end
