@@ -185,6 +185,10 @@ class Hit:
         if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
             msg = f"cost must be a whole number >= 0, got {cost!r}"
             raise ConfigError(msg)
+        if cost > 1 and limit.is_concurrency:
+            msg = (f"a request holds one slot of a concurrency limit: cost must be 0 or 1, "
+                   f"got {cost!r}")
+            raise ConfigError(msg)
         if not isinstance(scope, str):
             msg = f"scope must be a string, got {scope!r}"
             raise ConfigError(msg)

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from ratelimit_mw import Hit, Limit, MemoryStorage, RedisStorage, Storage
+from ratelimit_mw import ConfigError, Hit, Limit, MemoryStorage, RedisStorage, Storage
 from ratelimit_mw.storage.base import UsageRetention
 from tests.conftest import FakeClock, StorageFactory
 
@@ -28,6 +28,38 @@ async def test_slots_are_taken_and_given_back(storage: Storage) -> None:
     assert fourth.allowed
     await storage.release(first.leases)  # giving back twice frees nothing more
     assert not (await storage.decide("k", [slots])).allowed
+
+
+async def test_a_request_takes_one_slot_however_often_the_limit_is_named(
+    storage: Storage,
+) -> None:
+    """One concurrency limit named twice in a decision: one slot taken, one reported
+    (it was reported as two, with one lease to give back)."""
+    slots = Limit.concurrency(3, lease=30)
+    verdict = await storage.decide("k", [Hit(slots), Hit(slots)])
+    assert verdict.allowed and len(verdict.leases) == 1
+    assert [d.remaining for d in verdict.decisions] == [2]
+    assert (await storage.peek("k", [Hit(slots)])).decisions[0].remaining == 2
+
+
+def test_a_concurrency_hit_costs_one_slot_at_most() -> None:
+    """A cost of more than one slot is refused, named: a request holds one."""
+    with pytest.raises(ConfigError, match="cost must be 0 or 1, got 2"):
+        Hit(Limit.concurrency(3), 2)
+    assert Hit(Limit.concurrency(3), 0).cost == 0
+
+
+@pytest.mark.parametrize("usage", [-1, 10**12 + 1, 10**17, 2**63])
+async def test_a_usage_out_of_range_is_refused_and_charges_nothing(
+    storage: Storage, usage: object,
+) -> None:
+    """A usage Redis can't count is refused before anything is charged (Redis used to
+    charge the limits, then fail on the usage buckets)."""
+    limit = Limit.parse("5/minute")
+    with pytest.raises(ConfigError, match="usage must be a whole number of units"):
+        await storage.decide("k", [Hit(limit)], usage=usage)
+    assert (await storage.peek("k", [Hit(limit)])).decisions[0].remaining == 5
+    assert sum(n for _, n in await storage.usage("k", "hour", 0, 2**40)) == 0
 
 
 async def test_a_lease_expires_if_never_given_back(storage: Storage, clock: FakeClock) -> None:

@@ -9,6 +9,7 @@ from typing import Any, Literal, NamedTuple
 from ..decision import Lease, Verdict, decision_from
 from ..errors import ConfigError
 from ..policy import Hit
+from ..rates import MAX_AMOUNT
 
 __all__ = ["BUCKET_SECONDS", "Granularity", "MergedHits", "Storage", "UsageRetention",
            "decision_from", "merge_hits"]
@@ -121,8 +122,15 @@ class MergedHits(tuple[Hit, ...]):
     __slots__ = ()
 
 
+def bad_usage(units: object) -> ConfigError:
+    """The error for a ``usage`` outside 0 to ``MAX_AMOUNT`` units, named."""
+    return ConfigError(f"usage must be a whole number of units from 0 to {MAX_AMOUNT:_}, "
+                       f"got {units!r}")
+
+
 def merge_hits(hits: Sequence[Hit]) -> Sequence[Hit]:
-    """Fold hits on the same counter (same limit and scope) into one, costs added.
+    """Fold hits on the same counter (same limit and scope) into one, costs added (a
+    concurrency limit's: one slot, whatever the count).
 
     Two hits on one counter must consume from one state, not overwrite each other.
     """
@@ -140,5 +148,10 @@ def merge_hits(hits: Sequence[Hit]) -> Sequence[Hit]:
     merged: dict[tuple[str, str], Hit] = {}
     for hit in hits:
         seen = merged.get(hit.slot)
-        merged[hit.slot] = hit if seen is None else Hit(seen.limit, seen.cost + hit.cost, hit.scope)
+        if seen is None:
+            merged[hit.slot] = hit
+        elif hit.limit.is_concurrency:  # one request, one slot, however often named
+            merged[hit.slot] = Hit(seen.limit, max(seen.cost, hit.cost), hit.scope)
+        else:
+            merged[hit.slot] = Hit(seen.limit, seen.cost + hit.cost, hit.scope)
     return MergedHits(merged.values())

@@ -15,11 +15,13 @@ from ..algorithms.concurrency import renewed, with_lease, without_lease
 from ..decision import Lease, Verdict, decision_from
 from ..errors import ConfigError
 from ..policy import Hit
+from ..rates import MAX_AMOUNT
 from .base import (
     BUCKET_SECONDS,
     Granularity,
     Storage,
     UsageRetention,
+    bad_usage,
     bucket_range,
     merge_hits,
 )
@@ -98,6 +100,8 @@ class MemoryStorage(Storage):
 
     def decide_now(self, key: str, hits: Sequence[Hit], *, usage: int = 0) -> Verdict:
         """The synchronous core of ``decide`` (the whole decision, without awaiting)."""
+        if usage and not 0 < usage <= MAX_AMOUNT:  # checked before anything is charged
+            raise bad_usage(usage)
         now = self._now()
         keys = self._keys
         entry = keys.get(key)

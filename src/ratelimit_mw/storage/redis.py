@@ -19,6 +19,7 @@ from redis.commands.core import AsyncScript
 from ..decision import Lease, Verdict
 from ..errors import ConfigError, StorageError
 from ..policy import ALGORITHM_NAMES, Hit
+from ..rates import MAX_AMOUNT
 from .base import (
     BUCKET_SECONDS,
     DEFAULT_MAX_CONNECTIONS,
@@ -27,6 +28,7 @@ from .base import (
     MergedHits,
     Storage,
     UsageRetention,
+    bad_usage,
     bucket_range,
     decision_from,
     merge_hits,
@@ -232,6 +234,10 @@ class RedisStorage(Storage):
         """``hours,days,units``: the retention and what one admitted request adds."""
         arg = self._usage_args.get(units)
         if arg is None:
+            # Checked before the script runs: Redis takes no more, and a failed INCRBY
+            # would leave the limits it follows charged.
+            if not isinstance(units, int) or not 0 < units <= MAX_AMOUNT:
+                raise bad_usage(units)
             arg = f"{self.retention.hours},{self.retention.days},{int(units)}".encode()
             if len(self._usage_args) < 64:  # a few route costs; any others are made anew
                 self._usage_args[units] = arg
