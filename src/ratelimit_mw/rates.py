@@ -12,11 +12,12 @@ from .errors import ConfigError
 
 __all__ = ["Rate", "parse_rate", "parse_rates"]
 
-_UNITS = (("year", 365 * 86400), ("month", 30 * 86400), ("day", 86400), ("hour", 3600),
+_YEAR = 365 * 86400
+_UNITS = (("year", _YEAR), ("month", 30 * 86400), ("day", 86400), ("hour", 3600),
           ("minute", 60), ("second", 1))
 _EXAMPLES = "expected e.g. '10/minute', '100 per hour', '5/30 seconds' or '10/minute; 1000/day'"
 
-MAX_PERIOD = 10 * 365 * 86400
+MAX_PERIOD = 10 * _YEAR
 """The longest period (and the longest time a bucket may take to refill), in seconds:
 ten years. Times are counted in microseconds, and Redis's Lua counts them in doubles,
 exact only below 2**53 µs (about 285 years after 1970): far-off times would lose
@@ -88,8 +89,11 @@ def parse_rates(value: object) -> list[Rate]:
         if item.amount <= 0:
             msg = f"rate {value!r} allows no request at all; the amount must be at least 1"
             raise ConfigError(msg)
+        period = item.get_expiry()
+        if item.GRANULARITY.name == "year":  # limits counts a year as 12 months of 30 days
+            period = item.multiples * _YEAR
         try:
-            rates.append(Rate(item.amount, item.get_expiry()))
+            rates.append(Rate(item.amount, period))
         except ConfigError as exc:
             msg = f"rate {value!r}: {exc}"
             raise ConfigError(msg) from None

@@ -20,6 +20,8 @@ from ratelimit_mw.rates import MAX_AMOUNT, MAX_PERIOD
         ("5/30 seconds", [Rate(5, 30)]),
         ("1/second", [Rate(1, 1)]),
         ("2 per 3 hours", [Rate(2, 10800)]),
+        ("1/year", [Rate(1, 365 * 86400)]),  # limits' own grammar counts 360 days
+        ("5/10 years", [Rate(5, 3650 * 86400)]),
     ],
 )
 def test_parses_rate_notation(text: str, expected: list[Rate]) -> None:
@@ -53,7 +55,8 @@ def test_parse_rate_wants_exactly_one() -> None:
 @pytest.mark.parametrize(
     ("rate", "text"),
     [(Rate(10, 60), "10/minute"), (Rate(5, 30), "5/30 seconds"), (Rate(3, 7200), "3/2 hours"),
-     (Rate(1, 86400), "1/day"), (Rate(2, 0.5), "2/0.5 seconds")],
+     (Rate(1, 86400), "1/day"), (Rate(2, 0.5), "2/0.5 seconds"),
+     (parse_rate("1/year"), "1/year"), (parse_rate("5/10 years"), "5/10 years")],
 )
 def test_rates_print_readably(rate: Rate, text: str) -> None:
     """str(Rate) reads like the notation it came from."""
