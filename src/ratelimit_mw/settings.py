@@ -62,7 +62,7 @@ from .keys import TrustedProxies, check_forwarded_header, header_name
 from .policy import Limit
 from .responses import check_format
 from .routes import RouteRule
-from .storage import storage_from_url
+from .storage import check_storage_url
 from .storage.base import UsageRetention
 from .tiers import Tier, TierTable
 
@@ -141,6 +141,9 @@ class RouteConfig(_Strict):
 _warned_variables: set[str] = set()
 
 
+_OWN_TOOLS = "RATELIMIT_MW_"  # the project's own scripts' (RATELIMIT_MW_BUILDS …)
+
+
 def _warn_unknown_variables(fields: Iterable[str]) -> None:
     """Warn, once each, of ``RATELIMIT_*`` environment variables that set nothing (a
     typo would otherwise leave its setting at the default without a word). A warning,
@@ -148,7 +151,8 @@ def _warn_unknown_variables(fields: Iterable[str]) -> None:
     known = {f"RATELIMIT_{name.upper()}" for name in fields}
     for variable in os.environ:
         name = variable.upper()
-        if name.startswith("RATELIMIT_") and name not in known and name not in _warned_variables:
+        if (name.startswith("RATELIMIT_") and not name.startswith(_OWN_TOOLS)
+                and name not in known and name not in _warned_variables):
             _warned_variables.add(name)
             close = difflib.get_close_matches(name, sorted(known), n=1)
             _log.warning("ratelimit_mw: the environment variable %s sets nothing%s", variable,
@@ -190,7 +194,10 @@ class _Environment(EnvSettingsSource):
 class RateLimitSettings(BaseSettings):
     """Everything the middleware can be configured with, validated when loaded."""
 
-    model_config = SettingsConfigDict(env_prefix="RATELIMIT_", extra="forbid", frozen=True)
+    # hide_input_in_errors: an error names the bad value itself (a storage URL's
+    # password hidden); pydantic would quote the whole input beside it.
+    model_config = SettingsConfigDict(env_prefix="RATELIMIT_", extra="forbid", frozen=True,
+                                      hide_input_in_errors=True)
 
     storage_url: str = "memory://"
     storage_prefix: str = "ratelimit:"
@@ -275,8 +282,7 @@ class RateLimitSettings(BaseSettings):
     @field_validator("storage_url")
     @classmethod
     def _storage_url(cls, value: str) -> str:
-        if value.lower().startswith("memory:"):
-            storage_from_url(value)  # memory:// options, checked now
+        check_storage_url(value)  # its scheme and options, checked now
         return value
 
     @field_validator("forwarded_header")

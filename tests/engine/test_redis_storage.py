@@ -23,6 +23,7 @@ from ratelimit_mw import (
 )
 from ratelimit_mw.errors import StorageError
 from ratelimit_mw.rates import MAX_PERIOD
+from ratelimit_mw.settings import RateLimitSettings
 from ratelimit_mw.storage import pipe
 from ratelimit_mw.storage.cluster import cluster_storage_from_url
 from ratelimit_mw.storage.keys import encode_part, redis_key
@@ -329,6 +330,44 @@ def test_unknown_storage_urls_are_refused(url: str) -> None:
     ConfigError naming it (or the bad value)."""
     with pytest.raises(ConfigError, match=r"storage URL|max_keys must be"):
         storage_from_url(url)
+
+
+@pytest.mark.parametrize(("url", "match"), [
+    ("redis://127.0.0.1:6379/0?socket_timout=1",
+     r"unknown option 'socket_timout' \(did you mean 'socket_timeout'\?\)"),
+    ("redis://127.0.0.1:6379/abc", "the database must be a number, got 'abc'"),
+    ("redis://127.0.0.1:6379/0?ssl_cert_reqs=none", "unknown option 'ssl_cert_reqs'"),
+])
+def test_a_redis_url_redis_py_would_misread_is_refused(url: str, match: str) -> None:
+    """What redis-py takes silently (a database 'abc' as 0) or fails on only at every
+    connect (a mistyped option: the limiter off, failing open) is refused now, named,
+    at load time too (the settings check the URL without connecting)."""
+    with pytest.raises(ConfigError, match=match):
+        storage_from_url(url)
+    with pytest.raises(ValueError, match=match):
+        RateLimitSettings(storage_url=url)
+
+
+def test_redis_py_options_in_a_url_are_taken() -> None:
+    """The options redis-py reads from a URL (and TLS ones on rediss://) still pass."""
+    for url in ("redis://127.0.0.1/3?socket_timeout=1&client_name=app&health_check_interval=5",
+                "rediss://127.0.0.1/0?ssl_cert_reqs=none", "redis://127.0.0.1", "redis://h/"):
+        assert isinstance(storage_from_url(url), RedisStorage)
+        RateLimitSettings(storage_url=url)
+
+
+@pytest.mark.parametrize("url", [
+    "redis://user:s3cret@127.0.0.1:notaport/0", "rediss://u:s3cret@h:99999/0",
+    "redis://:s3cret@h/0?socket_timout=1", "mongodb://u:s3cret@h/0"])
+def test_a_bad_storage_url_is_named_without_its_password(url: str) -> None:
+    """The error names the URL with its password hidden, from the storage and from the
+    settings (pydantic would quote the input beside the message)."""
+    with pytest.raises(ConfigError) as raised:
+        storage_from_url(url)
+    assert "s3cret" not in str(raised.value) and "***" in str(raised.value)
+    with pytest.raises(ValueError) as invalid:
+        RateLimitSettings(storage_url=url)
+    assert "s3cret" not in str(invalid.value) and "storage URL" in str(invalid.value)
 
 
 def test_a_memory_url_takes_max_keys() -> None:
