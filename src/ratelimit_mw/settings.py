@@ -194,10 +194,7 @@ class _Environment(EnvSettingsSource):
 class RateLimitSettings(BaseSettings):
     """Everything the middleware can be configured with, validated when loaded."""
 
-    # hide_input_in_errors: an error names the bad value itself (a storage URL's
-    # password hidden); pydantic would quote the whole input beside it.
-    model_config = SettingsConfigDict(env_prefix="RATELIMIT_", extra="forbid", frozen=True,
-                                      hide_input_in_errors=True)
+    model_config = SettingsConfigDict(env_prefix="RATELIMIT_", extra="forbid", frozen=True)
 
     storage_url: str = "memory://"
     storage_prefix: str = "ratelimit:"
@@ -282,7 +279,10 @@ class RateLimitSettings(BaseSettings):
     @field_validator("storage_url")
     @classmethod
     def _storage_url(cls, value: str) -> str:
-        check_storage_url(value)  # its scheme and options, checked now
+        # memory:// options, checked now; any other URL when the storage is built (at
+        # start-up), where the error hides its password: pydantic would quote it here.
+        if value.lower().startswith("memory:"):
+            check_storage_url(value)
         return value
 
     @field_validator("forwarded_header")

@@ -22,9 +22,10 @@ from ratelimit_mw import (
     storage_from_url,
 )
 from ratelimit_mw.errors import StorageError
+from ratelimit_mw.middleware import RateLimitMiddleware
 from ratelimit_mw.rates import MAX_PERIOD
 from ratelimit_mw.settings import RateLimitSettings
-from ratelimit_mw.storage import pipe
+from ratelimit_mw.storage import check_storage_url, pipe
 from ratelimit_mw.storage.cluster import cluster_storage_from_url
 from ratelimit_mw.storage.keys import encode_part, redis_key
 from tests.conftest import FakeClock
@@ -332,6 +333,10 @@ def test_unknown_storage_urls_are_refused(url: str) -> None:
         storage_from_url(url)
 
 
+async def _nothing(scope: Any, receive: Any, send: Any) -> None:
+    """An app the middleware wraps and never calls."""
+
+
 @pytest.mark.parametrize(("url", "match"), [
     ("redis://127.0.0.1:6379/0?socket_timout=1",
      r"unknown option 'socket_timout' \(did you mean 'socket_timeout'\?\)"),
@@ -340,12 +345,14 @@ def test_unknown_storage_urls_are_refused(url: str) -> None:
 ])
 def test_a_redis_url_redis_py_would_misread_is_refused(url: str, match: str) -> None:
     """What redis-py takes silently (a database 'abc' as 0) or fails on only at every
-    connect (a mistyped option: the limiter off, failing open) is refused now, named,
-    at load time too (the settings check the URL without connecting)."""
+    connect (a mistyped option: the limiter off, failing open) is refused, named, when
+    the storage is built: at the middleware's start-up, from the settings too."""
     with pytest.raises(ConfigError, match=match):
         storage_from_url(url)
-    with pytest.raises(ValueError, match=match):
-        RateLimitSettings(storage_url=url)
+    with pytest.raises(ConfigError, match=match):
+        check_storage_url(url)
+    with pytest.raises(ConfigError, match=match):
+        RateLimitMiddleware(_nothing, settings=RateLimitSettings(storage_url=url))
 
 
 def test_redis_py_options_in_a_url_are_taken() -> None:
@@ -353,7 +360,7 @@ def test_redis_py_options_in_a_url_are_taken() -> None:
     for url in ("redis://127.0.0.1/3?socket_timeout=1&client_name=app&health_check_interval=5",
                 "rediss://127.0.0.1/0?ssl_cert_reqs=none", "redis://127.0.0.1", "redis://h/"):
         assert isinstance(storage_from_url(url), RedisStorage)
-        RateLimitSettings(storage_url=url)
+        check_storage_url(url)
 
 
 @pytest.mark.parametrize("url", [
@@ -361,13 +368,15 @@ def test_redis_py_options_in_a_url_are_taken() -> None:
     "redis://:s3cret@h/0?socket_timout=1", "mongodb://u:s3cret@h/0"])
 def test_a_bad_storage_url_is_named_without_its_password(url: str) -> None:
     """The error names the URL with its password hidden, from the storage and from the
-    settings (pydantic would quote the input beside the message)."""
+    middleware's start-up (the settings leave such a URL to it: pydantic would quote
+    the input beside the message)."""
     with pytest.raises(ConfigError) as raised:
         storage_from_url(url)
     assert "s3cret" not in str(raised.value) and "***" in str(raised.value)
-    with pytest.raises(ValueError) as invalid:
-        RateLimitSettings(storage_url=url)
-    assert "s3cret" not in str(invalid.value) and "storage URL" in str(invalid.value)
+    settings = RateLimitSettings(storage_url=url)
+    with pytest.raises(ConfigError) as at_start:
+        RateLimitMiddleware(_nothing, settings=settings)
+    assert "s3cret" not in str(at_start.value) and "***" in str(at_start.value)
 
 
 def test_a_memory_url_takes_max_keys() -> None:

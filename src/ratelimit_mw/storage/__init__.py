@@ -29,8 +29,8 @@ _SCHEMES = ("memory://, redis://[:password@]host:port/db, rediss://, "
 
 def check_storage_url(url: str) -> None:
     """Refuse, naming it, a URL ``storage_from_url`` could not use, without connecting
-    or building anything (Cluster and Sentinel URLs: their scheme; the rest is read
-    when the storage is built, at start-up)."""
+    (Cluster and Sentinel URLs: their scheme; the rest is read when the storage is
+    built)."""
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if scheme == "memory":
         MemoryStorage(**_memory_options(url))  # checks max_keys; cheap, holds nothing
