@@ -142,7 +142,10 @@ class Harness:
             return MemoryIdempotencyStore(clock=self.clock)
         url = self._request.getfixturevalue("redis_url")
         self.redis_prefix = self._request.getfixturevalue("redis_prefix")
-        return RedisIdempotencyStore.from_url(url, prefix=self.redis_prefix)
+        # What these tests check is the protocol, not latency (test_outage.py does that):
+        # a generous timeout, so twenty claims connecting at once on a slow, loaded host
+        # are not taken for an outage (0.25 s was, once, and the breaker opened).
+        return RedisIdempotencyStore.from_url(url, prefix=self.redis_prefix, timeout=2.0)
 
     @contextlib.asynccontextmanager
     async def client(self, **options: Any) -> AsyncIterator[httpx.AsyncClient]:
