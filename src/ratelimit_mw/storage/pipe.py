@@ -265,7 +265,6 @@ class Pipeline:
         watch, self._watch, self._watch_at = self._watch, None, math.inf
         self._inflight.clear()
         self._retiring.clear()
-        self._doubtful = []
         self._cut = False
         if pipe is not None:
             pipe.closed = True
@@ -478,9 +477,6 @@ class Pipeline:
             # Else a TLS connection could still be closing when its loop ends, and its
             # socket would be left open.
             await asyncio.wait([pipe.gone], timeout=1.0)
-        # Closed on purpose: no give-back is left to start a connection of its own later,
-        # perhaps once this loop has ended.
-        self._doubtful = []
         if self._watch is not None:
             self._watch.cancel()
             self._watch, self._watch_at = None, math.inf
