@@ -5,7 +5,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /app
 
 COPY pyproject.toml README.md ./
-COPY src ./src
+COPY ratelimit_mw ./ratelimit_mw
 RUN pip install --no-cache-dir '.[redis,fastapi]' 'uvicorn>=0.30'
 
 COPY example_app ./example_app

@@ -12,7 +12,7 @@ is compared with the bare runs just before and after it).
 
 ``--build compiled`` (the default) measures ``build/compiled``, the wheel with the
 per-request path compiled by mypyc (``scripts/compile`` makes it); ``source`` the .py
-files under ``src/``. The peers run the same way either way.
+files of the ``ratelimit_mw/`` package. The peers run the same way either way.
 
 Apps (this module is also the uvicorn app module, see ``create_app``):
     bare     Starlette, one plain-text route
@@ -167,7 +167,9 @@ def _wait_for(port: int, proc: subprocess.Popen[bytes]) -> None:
 
 
 ROOT = Path(__file__).resolve().parent.parent
-BUILDS = {"compiled": ROOT / "build" / "compiled", "source": ROOT / "src"}
+# Each build is run from its own directory: ``python -m`` puts the working directory
+# first on the path, so from the repository the sources would shadow the compiled build.
+BUILDS = {"compiled": ROOT / "build" / "compiled", "source": ROOT}
 _build = "compiled"  # set by main()
 SERVERS = {"auto": [], "h11": ["--http", "h11", "--loop", "asyncio"],
            "httptools": ["--http", "httptools", "--loop", "uvloop"]}
@@ -178,15 +180,15 @@ def _serve(
     kind: str, redis_url: str, python: str, prefix: str = "bench:",
 ) -> tuple[subprocess.Popen[bytes], int]:
     port = _free_port()
-    src = str(BUILDS[_build])
-    path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
+    build = str(BUILDS[_build])
+    path = os.pathsep.join(p for p in (build, os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "BENCH_APP": kind, "BENCH_REDIS": redis_url, "PYTHONPATH": path,
            "BENCH_PREFIX": prefix}
     proc = subprocess.Popen(
         [python, "-m", "uvicorn", "--factory", "--app-dir", str(Path(__file__).parent),
          "middleware:create_app", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
          "--log-level", "warning", "--no-access-log", "--lifespan", "on", *SERVERS[_server]],
-        env=env)
+        env=env, cwd=build)
     _wait_for(port, proc)
     return proc, port
 

@@ -32,7 +32,7 @@ def compiled_modules() -> list[str]:
     for entry in include:
         path = ROOT / entry.lstrip("/")
         files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
-        names += [".".join(f.relative_to(ROOT / "src").with_suffix("").parts) for f in files]
+        names += [".".join(f.relative_to(ROOT).with_suffix("").parts) for f in files]
     return [name.removesuffix(".__init__") for name in names]
 
 
