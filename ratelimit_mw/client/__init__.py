@@ -18,7 +18,8 @@ from __future__ import annotations
 from ._backoff import full_jitter
 from ._bucket import TokenBucket
 from ._budget import RetryBudget
-from ._errors import GiveUpReason, RetriesExhausted
+from ._circuit import CircuitOpenTransportError
+from ._errors import GiveUpReason, LimiterTimeout, RetriesExhausted
 from ._functions import arequest, request
 from ._hints import (
     DEFAULT_HINTS,
@@ -30,10 +31,10 @@ from ._hints import (
     read_quota,
     retry_after_hint,
 )
-from ._policy import RETRY_METHODS, RETRY_STATUSES, RetryPolicy
+from ._policy import RETRY_ERRORS, RETRY_METHODS, RETRY_STATUSES, RetryPolicy
 from ._retry_after import parse_retry_after
 from ._testing import is_testing, set_testing
-from ._transport import RETRY_ERRORS, CircuitOpenTransportError, LimiterTimeout, RetryTransport
+from ._transport import RetryTransport
 
 __all__ = [
     "DEFAULT_HINTS",

@@ -8,6 +8,7 @@ import math
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from typing import NamedTuple
 
 from ._testing import is_testing
 
@@ -24,11 +25,21 @@ _EPSILON = 1e-9
 class _Waiter:
     """One caller in the queue: how many tokens it wants and how to tell it its turn came."""
 
-    __slots__ = ("n", "wake")
+    __slots__ = ("tokens", "wake")
 
-    def __init__(self, n: float, wake: Callable[[], object]) -> None:
-        self.n = n
+    def __init__(self, tokens: float, wake: Callable[[], object]) -> None:
+        self.tokens = tokens
         self.wake = wake
+
+
+class _Turn(NamedTuple):
+    """What a waiter found when it tried to take its tokens."""
+
+    wait: float
+    """0: the tokens were taken; > 0: seconds to wait before trying again (``math.inf``:
+    until woken); < 0: the tokens cannot be had by the deadline."""
+    first: bool
+    """Whether the waiter is at the head of the queue."""
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -66,9 +77,9 @@ class TokenBucket:
 
     __slots__ = (
         "_clock",
-        "_last",
         "_lock",
         "_paused_until",
+        "_refilled_at",
         "_sleep",
         "_sleep_sync",
         "_tokens",
@@ -102,7 +113,7 @@ class TokenBucket:
         self._sleep = sleep
         self._sleep_sync = sleep_sync
         self._tokens = self.capacity
-        self._last = clock()
+        self._refilled_at = clock()
         self._paused_until = -math.inf
         self._waiters: collections.deque[_Waiter] = collections.deque()
         # Guards the arithmetic only, never held across a wait, so threads and
@@ -134,24 +145,24 @@ class TokenBucket:
         within it (a pause or the callers ahead would outlast it): False, and the
         queue is left without taking any.
         """
-        self._check(n)
+        self._check_amount(n)
         if is_testing():
             return True
         loop = asyncio.get_running_loop()
-        turn: asyncio.Future[None] = loop.create_future()
-        waiter = _Waiter(n, lambda: loop.call_soon_threadsafe(_resolve, turn))
+        woken: asyncio.Future[None] = loop.create_future()
+        waiter = _Waiter(n, lambda: loop.call_soon_threadsafe(_resolve, woken))
         deadline = None if timeout is None else self._clock() + max(0.0, timeout)
         granted = False
         self._enqueue(waiter)
         try:
-            while (wait := self._try_take(waiter, deadline))[0] > 0:
-                if wait[0] == math.inf:
-                    await turn
-                elif wait[1]:
-                    await self._sleep(wait[0])
+            while (turn := self._try_take(waiter, deadline)).wait > 0:
+                if turn.wait == math.inf:
+                    await woken
+                elif turn.first:
+                    await self._sleep(turn.wait)
                 else:  # behind others: woken when first, or looked at again by the deadline
-                    await asyncio.wait([turn], timeout=wait[0])
-            granted = wait[0] == 0
+                    await asyncio.wait([woken], timeout=turn.wait)
+            granted = turn.wait == 0
         finally:
             if not granted:
                 self._leave(waiter)
@@ -160,23 +171,23 @@ class TokenBucket:
     def acquire_sync(self, n: float = 1, *, timeout: float | None = None) -> bool:
         """Block the calling thread until ``n`` tokens are available and take them
         (``timeout``: as for `acquire`)."""
-        self._check(n)
+        self._check_amount(n)
         if is_testing():
             return True
-        turn = threading.Event()
-        waiter = _Waiter(n, turn.set)
+        woken = threading.Event()
+        waiter = _Waiter(n, woken.set)
         deadline = None if timeout is None else self._clock() + max(0.0, timeout)
         granted = False
         self._enqueue(waiter)
         try:
-            while (wait := self._try_take(waiter, deadline))[0] > 0:
-                if wait[0] == math.inf:
-                    turn.wait()
-                elif wait[1]:
-                    self._sleep_sync(wait[0])
+            while (turn := self._try_take(waiter, deadline)).wait > 0:
+                if turn.wait == math.inf:
+                    woken.wait()
+                elif turn.first:
+                    self._sleep_sync(turn.wait)
                 else:
-                    turn.wait(wait[0])
-            granted = wait[0] == 0
+                    woken.wait(turn.wait)
+            granted = turn.wait == 0
         finally:
             if not granted:
                 self._leave(waiter)
@@ -189,7 +200,7 @@ class TokenBucket:
         with self._lock:
             now = self._clock()
             self._refill(now)
-            wanted = sum(waiter.n for waiter in self._waiters) + n - self._tokens
+            wanted = sum(waiter.tokens for waiter in self._waiters) + n - self._tokens
             start = max(now, self._paused_until)
             ready = start + max(0.0, wanted) / self.rate
             return max(0.0, ready - (now + after))
@@ -212,9 +223,9 @@ class TokenBucket:
                 self._tokens = min(self._tokens, float(remaining))
                 if remaining == 0 and reset_after is not None and reset_after <= LONGEST_PAUSE:
                     self._paused_until = max(self._paused_until, now + reset_after)
-                    self._last = max(self._last, now)
+                    self._refilled_at = max(self._refilled_at, now)
 
-    def _check(self, n: float) -> None:
+    def _check_amount(self, n: float) -> None:
         """Reject requests that could never be served."""
         if not (0 < n <= self.capacity):
             msg = (
@@ -228,41 +239,39 @@ class TokenBucket:
         with self._lock:
             self._waiters.append(waiter)
 
-    def _try_take(self, waiter: _Waiter, deadline: float | None = None) -> tuple[float, bool]:
-        """Take the tokens if ``waiter`` is first and they are there (0), else how long
-        to wait: for the first, until its tokens are there; for the others, until woken
-        (``math.inf``), or with a ``deadline``, at most until it. Negative: the tokens
-        could not be had by the deadline. With it, whether ``waiter`` is first, as seen
-        under the lock (looked at after it, a waiter that had just moved up would sleep
-        as first until its deadline, and hold up everyone behind it).
+    def _try_take(self, waiter: _Waiter, deadline: float | None = None) -> _Turn:
+        """Take the tokens if ``waiter`` is first and they are there, else say how long to wait.
 
-        Only the first ever gets 0, having taken its tokens: one behind others at its
-        deadline gives up (told to wait 0, it took itself for served and stayed queued,
-        and the queue stalled behind it when it came first).
+        The first waits until its tokens are there; the others until woken, or with a
+        ``deadline``, at most until it. Only the first is ever told 0, the tokens taken:
+        one still behind others at its deadline is told a negative wait, so it leaves the
+        queue rather than stay in it as if served. ``first`` is read under the lock with
+        the wait, so the two always agree.
         """
         with self._lock:
             now = self._clock()
             self._refill(now)
             pause = max(0.0, self._paused_until - now)
             if self._waiters[0] is waiter:
-                missing = waiter.n - self._tokens
+                missing = waiter.tokens - self._tokens
                 if pause <= 0 and missing <= _EPSILON:
-                    self._tokens = max(0.0, self._tokens - waiter.n)
+                    self._tokens = max(0.0, self._tokens - waiter.tokens)
                     self._waiters.popleft()
                     self._wake_head()
-                    return 0.0, True
+                    return _Turn(0.0, first=True)
                 wait = pause + max(0.0, missing) / self.rate
-                return (-1.0 if deadline is not None and now + wait > deadline else wait), True
+                late = deadline is not None and now + wait > deadline
+                return _Turn(-1.0 if late else wait, first=True)
             if deadline is None:
-                return math.inf, False
+                return _Turn(math.inf, first=False)
             wanted = -self._tokens
             for queued in self._waiters:
-                wanted += queued.n
+                wanted += queued.tokens
                 if queued is waiter:
                     break
             if now >= deadline or now + pause + max(0.0, wanted) / self.rate > deadline:
-                return -1.0, False
-            return deadline - now, False
+                return _Turn(-1.0, first=False)
+            return _Turn(deadline - now, first=False)
 
     def _leave(self, waiter: _Waiter) -> None:
         """Drop a waiter that gave up; if it was first, let the next one try."""
@@ -281,7 +290,7 @@ class TokenBucket:
 
     def _refill(self, now: float) -> None:
         """Add the tokens earned since the last refill; none accrue during a pause."""
-        start = max(self._last, self._paused_until)
+        start = max(self._refilled_at, self._paused_until)
         if now > start:
             self._tokens = min(self.capacity, self._tokens + (now - start) * self.rate)
-        self._last = max(self._last, now)
+        self._refilled_at = max(self._refilled_at, now)

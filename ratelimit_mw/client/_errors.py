@@ -1,4 +1,4 @@
-"""The error raised when retrying gives up and the caller asked to be told."""
+"""The errors the retrying transport raises when it stops without a response to return."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Literal
 
 import httpx
 
-__all__ = ["GiveUpReason", "RetriesExhausted"]
+__all__ = ["GiveUpReason", "LimiterTimeout", "RetriesExhausted"]
 
 GiveUpReason = Literal["max_retries", "max_time", "retry_budget", "not_replayable"]
 
@@ -31,3 +31,8 @@ class RetriesExhausted(httpx.HTTPError):
         self.request = request
         self.response = response
         self.reason: GiveUpReason = reason
+
+
+class LimiterTimeout(httpx.TimeoutException):
+    """The transport's limiter had no token for the first attempt within ``max_time``:
+    nothing was sent. (For a retry, the last response is handed back instead.)"""

@@ -10,12 +10,12 @@ the other.
 from __future__ import annotations
 
 import itertools
-import logging
 from collections.abc import Callable
 from typing import NamedTuple
 
 import httpx
 
+from ._log import logger
 from ._retry_after import parse_delay_seconds, parse_retry_after
 
 __all__ = [
@@ -30,8 +30,6 @@ __all__ = [
     "read_quota",
     "retry_after_hint",
 ]
-
-logger = logging.getLogger("ratelimit_mw.client")
 
 HintParser = Callable[[httpx.Headers, float], float | None]
 """``(headers, now) -> seconds to wait or None``; ``now`` is Unix time."""
@@ -58,7 +56,7 @@ def _clip(value: str) -> str:
     return value if len(value) <= 80 else f"{value[:80]}..."
 
 
-def _digits(headers: httpx.Headers, name: str) -> int | None:
+def _int_header(headers: httpx.Headers, name: str) -> int | None:
     """Return a header made of digits only, logging and dropping anything else."""
     value = headers.get(name)
     if value is None:
@@ -71,8 +69,8 @@ def _digits(headers: httpx.Headers, name: str) -> int | None:
 
 def github_quota(headers: httpx.Headers, now: float) -> Quota | None:
     """Read GitHub-style ``x-ratelimit-remaining`` and ``x-ratelimit-reset`` (epoch seconds)."""
-    remaining = _digits(headers, "x-ratelimit-remaining")
-    reset = _digits(headers, "x-ratelimit-reset")
+    remaining = _int_header(headers, "x-ratelimit-remaining")
+    reset = _int_header(headers, "x-ratelimit-reset")
     if reset is not None and reset < _MIN_PLAUSIBLE_EPOCH:
         logger.warning(
             "ignoring x-ratelimit-reset %d: not an epoch time; "
@@ -85,7 +83,7 @@ def github_quota(headers: httpx.Headers, now: float) -> Quota | None:
     return Quota(remaining, None if reset is None else max(0.0, reset - now))
 
 
-def _split(value: str, separator: str) -> list[str]:
+def _split_unquoted(value: str, separator: str) -> list[str]:
     """Split on ``separator`` outside quoted strings, in one pass (no regex backtracking)."""
     parts: list[str] = []
     start, quoted, escaped = 0, False, False
@@ -107,9 +105,9 @@ def _structured_quota(value: str) -> Quota | None:
     """Read a ``RateLimit`` field: draft-11 items (``r``, ``t``) or a draft-7 dictionary."""
     items: list[dict[str, str]] = []
     dictionary: dict[str, str] = {}
-    members = _split(value, ",") if len(value) <= _MAX_FIELD else []
+    members = _split_unquoted(value, ",") if len(value) <= _MAX_FIELD else []
     for member in filter(None, members):
-        head, *params = _split(member, ";")
+        head, *params = _split_unquoted(member, ";")
         key, equals, bare = head.partition("=")
         if equals and not head.startswith('"'):  # draft-7: limit=5, remaining=0, reset=30
             dictionary[key.strip(" \t").lower()] = bare.strip(" \t")
@@ -149,8 +147,8 @@ def ratelimit_quota(headers: httpx.Headers, now: float) -> Quota | None:
     value = headers.get("ratelimit")
     if value is not None:
         return _structured_quota(value)
-    remaining = _digits(headers, "ratelimit-remaining")
-    reset = _digits(headers, "ratelimit-reset")
+    remaining = _int_header(headers, "ratelimit-remaining")
+    reset = _int_header(headers, "ratelimit-reset")
     if remaining is None and reset is None:
         return None
     return Quota(remaining, None if reset is None else float(reset))
@@ -222,9 +220,9 @@ def duration_hint(header: str, *, remaining_header: str | None = None) -> HintPa
     """
 
     def hint(headers: httpx.Headers, now: float) -> float | None:
-        if remaining_header is not None and _digits(headers, remaining_header) != 0:
+        if remaining_header is not None and _int_header(headers, remaining_header) != 0:
             return None
-        seconds = _digits(headers, header)
+        seconds = _int_header(headers, header)
         return None if seconds is None else float(seconds)
 
     return hint

@@ -1,4 +1,5 @@
-"""Retry settings: one frozen value, overridable per request through ``extensions``."""
+"""What is retried: the statuses, methods and transport errors worth another attempt, and
+the settings, one frozen value overridable per request through ``extensions``."""
 
 from __future__ import annotations
 
@@ -11,13 +12,28 @@ import httpx
 
 from ._hints import DEFAULT_HINTS, HintParser
 
-__all__ = ["RETRY_METHODS", "RETRY_STATUSES", "RetryPolicy"]
+__all__ = ["RETRY_ERRORS", "RETRY_METHODS", "RETRY_STATUSES", "UNSENT_ERRORS", "RetryPolicy"]
 
 RETRY_STATUSES: frozenset[int] = frozenset({408, 429, 500, 502, 503, 504})
 """Statuses worth another attempt; every other status is returned as is."""
 
 RETRY_METHODS: frozenset[str] = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 """Methods safe to replay; others need an ``Idempotency-Key`` header."""
+
+RETRY_ERRORS: tuple[type[httpx.TransportError], ...] = (
+    httpx.TimeoutException,
+    httpx.NetworkError,
+    httpx.RemoteProtocolError,
+)
+"""Connection and timeout errors worth another attempt (for a replayable request)."""
+
+UNSENT_ERRORS: tuple[type[httpx.TransportError], ...] = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+)
+"""Errors raised before any byte of the request left: trying again replays nothing, so
+any method is retried after them (if its body can be sent again)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,17 +82,17 @@ class RetryPolicy:
             if not (_is_number(value) and 0 <= value < math.inf):
                 msg = f"{name} must be a finite number >= 0, got {value!r}"
                 raise ValueError(msg)
-        statuses = _collection("retry_statuses", self.retry_statuses, "{429, 503}")
+        statuses = _collection_items("retry_statuses", self.retry_statuses, "{429, 503}")
         for status in statuses:
             if not _is_int(status) or not 100 <= status <= 599:
                 msg = f"retry_statuses must hold HTTP status codes (ints), got {status!r}"
                 raise ValueError(msg)
-        methods = _collection("retry_methods", self.retry_methods, "{'GET', 'PUT'}")
+        methods = _collection_items("retry_methods", self.retry_methods, "{'GET', 'PUT'}")
         for method in methods:
             if not isinstance(method, str) or not method.strip():
                 msg = f"retry_methods must hold HTTP method names, got {method!r}"
                 raise ValueError(msg)
-        hints = _collection("hints", self.hints, "DEFAULT_HINTS")
+        hints = _collection_items("hints", self.hints, "DEFAULT_HINTS")
         for hint in hints:
             if not callable(hint):
                 msg = f"hints must hold parsers (callables of a response), got {hint!r}"
@@ -118,7 +134,7 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _collection(name: str, value: object, example: str) -> list[Any]:
+def _collection_items(name: str, value: object, example: str) -> list[Any]:
     """The items of a collection setting; a lone string (or a non-iterable) is refused,
     as iterating ``"503"`` would give ``{"5", "0", "3"}``."""
     if isinstance(value, str | bytes) or not hasattr(value, "__iter__"):

@@ -3,74 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import logging
-import math
 import random as _random
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 
 import httpx
 
-from ..breaker import CircuitBreaker, CircuitOpenError, CircuitState, Permit
-from ._backoff import full_jitter
-from ._bucket import LONGEST_PAUSE, TokenBucket
+from ..breaker import CircuitBreaker
+from ._attempts import Attempts, Retrying
+from ._bucket import TokenBucket
 from ._budget import RetryBudget
-from ._errors import GiveUpReason, RetriesExhausted
-from ._hints import read_quota, retry_after_hint
+from ._circuit import acquire_permit, refuse_if_open
 from ._policy import RetryPolicy
 from ._testing import is_testing
 
-__all__ = ["RETRY_ERRORS", "UNSENT_ERRORS", "CircuitOpenTransportError", "LimiterTimeout",
-           "RetryTransport"]
-
-logger = logging.getLogger("ratelimit_mw.client")
-
-RETRY_ERRORS: tuple[type[httpx.TransportError], ...] = (
-    httpx.TimeoutException,
-    httpx.NetworkError,
-    httpx.RemoteProtocolError,
-)
-"""Connection and timeout errors worth another attempt (for a replayable request)."""
-
-UNSENT_ERRORS: tuple[type[httpx.TransportError], ...] = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.PoolTimeout,
-)
-"""Errors raised before any byte of the request left: trying again replays nothing, so
-any method is retried after them (if its body can be sent again)."""
-
-LONGEST_WAIT = LONGEST_PAUSE
-"""The longest wait ever started, a day, even without ``max_time``: a server that asks
-for more is answered by giving up (reason ``max_time``), returning its response."""
-
-
-class LimiterTimeout(httpx.TimeoutException):
-    """The transport's limiter had no token for the first attempt within ``max_time``:
-    nothing was sent. (For a retry, the last response is handed back instead.)"""
-
-
-class CircuitOpenTransportError(httpx.TransportError, CircuitOpenError):
-    """The transport's circuit breaker refused the attempt: no request was sent.
-
-    Both an ``httpx.TransportError`` (so ``except httpx.HTTPError`` sees it) and
-    the breaker's `CircuitOpenError`; ``remaining`` is the cooldown left, in
-    seconds (0.0 when the breaker is half-open with every trial slot taken).
-    """
-
-    def __init__(
-        self,
-        remaining: float,
-        name: str = "circuit",
-        state: CircuitState = CircuitState.OPEN,
-        *,
-        request: httpx.Request | None = None,
-    ) -> None:
-        # httpx's __init__ chain would hand the message to CircuitOpenError as
-        # ``remaining``: build the breaker error, then set what httpx expects.
-        CircuitOpenError.__init__(self, remaining, name, state)
-        self._request = request
+__all__ = ["RetryTransport"]
 
 
 class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
@@ -138,12 +85,11 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
             raise ValueError(msg)
         self.limiter = limiter
         self.breaker = breaker
-        self._given = transport
-        self._sync: httpx.BaseTransport | None = None
-        self._async: httpx.AsyncBaseTransport | None = None
-        if transport is not None:
-            self._sync = transport if isinstance(transport, httpx.BaseTransport) else None
-            self._async = transport if isinstance(transport, httpx.AsyncBaseTransport) else None
+        self._given_transport = transport
+        self._sync_inner: httpx.BaseTransport | None = (
+            transport if isinstance(transport, httpx.BaseTransport) else None)
+        self._async_inner: httpx.AsyncBaseTransport | None = (
+            transport if isinstance(transport, httpx.AsyncBaseTransport) else None)
         self._clock = clock
         self._wall_clock = wall_clock
         self._sleep = sleep
@@ -151,381 +97,117 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
         self._random = random
 
     def __repr__(self) -> str:
-        return f"RetryTransport({self._given!r}, policy={self.policy!r})"
+        return f"RetryTransport({self._given_transport!r}, policy={self.policy!r})"
+
+    def _retrying(self) -> Retrying:
+        return Retrying(self.policy, self.retry_budget, self.limiter, self.breaker,
+                        self._clock, self._wall_clock, self._random)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` through the wrapped sync transport, retrying as the policy says."""
         inner = self._sync_transport()
-        state = _Attempts(self, request)
-        if state.policy.buffer_body:
+        attempts = Attempts(self._retrying(), request)
+        if attempts.policy.buffer_body:
             request.read()
-        state.check_replayable()
+        attempts.decide_replayable()
         while True:
-            state.check_open()
+            refuse_if_open(self.breaker, request)
             if self.limiter is not None and not self.limiter.acquire_sync(
-                    timeout=state.time_left()):
-                return state.out_of_time()
-            permit = state.permit()
+                    timeout=attempts.time_left()):
+                return attempts.no_token_in_time()
+            permit = acquire_permit(self.breaker, request)
             try:
                 response = inner.handle_request(request)
-            except RETRY_ERRORS as exc:
-                state.record(permit, exc)
-                if (wait := state.after_error(exc)) is None:
-                    raise
-                state.check_breaker(wait, exc)
-                state.last = exc
             except BaseException as exc:
-                state.record(permit, exc)
-                raise
+                if (wait := attempts.wait_after_error(permit, exc)) is None:
+                    raise
             else:
-                state.record(permit, response)
-                if (wait := state.after_response(response)) is None:
-                    if state.should_raise(response):
+                if (wait := attempts.wait_after_response(permit, response)) is None:
+                    if attempts.should_raise(response):
                         response.close()
-                        raise state.exhausted(response) from None
+                        raise attempts.exhausted_error(response) from None
                     return response
-                if state.keeps_last:
+                if attempts.keeps_last_outcome:
                     try:
                         response.read()
                     except httpx.HTTPError as exc:
-                        state.last = exc
+                        attempts.last_outcome = exc
                     else:
-                        state.last = response
+                        attempts.last_outcome = response
                 response.close()
-                state.check_breaker(wait, None)
+                refuse_if_open(self.breaker, request, longer_than=wait)
             if is_testing():
-                state.skipped += wait
+                attempts.skipped_wait += wait
             else:
                 self._sleep(wait)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` through the wrapped async transport, retrying as the policy says."""
         inner = self._async_transport()
-        state = _Attempts(self, request)
-        if state.policy.buffer_body:
+        attempts = Attempts(self._retrying(), request)
+        if attempts.policy.buffer_body:
             await request.aread()
-        state.check_replayable()
+        attempts.decide_replayable()
         while True:
-            state.check_open()
+            refuse_if_open(self.breaker, request)
             if self.limiter is not None and not await self.limiter.acquire(
-                    timeout=state.time_left()):
-                return state.out_of_time()
-            permit = state.permit()
+                    timeout=attempts.time_left()):
+                return attempts.no_token_in_time()
+            permit = acquire_permit(self.breaker, request)
             try:
                 response = await inner.handle_async_request(request)
-            except RETRY_ERRORS as exc:
-                state.record(permit, exc)
-                if (wait := state.after_error(exc)) is None:
-                    raise
-                state.check_breaker(wait, exc)
-                state.last = exc
             except BaseException as exc:
-                state.record(permit, exc)
-                raise
+                if (wait := attempts.wait_after_error(permit, exc)) is None:
+                    raise
             else:
-                state.record(permit, response)
-                if (wait := state.after_response(response)) is None:
-                    if state.should_raise(response):
+                if (wait := attempts.wait_after_response(permit, response)) is None:
+                    if attempts.should_raise(response):
                         await response.aclose()
-                        raise state.exhausted(response) from None
+                        raise attempts.exhausted_error(response) from None
                     return response
-                if state.keeps_last:
+                if attempts.keeps_last_outcome:
                     try:
                         await response.aread()
                     except httpx.HTTPError as exc:
-                        state.last = exc
+                        attempts.last_outcome = exc
                     else:
-                        state.last = response
+                        attempts.last_outcome = response
                 await response.aclose()
-                state.check_breaker(wait, None)
+                refuse_if_open(self.breaker, request, longer_than=wait)
             if is_testing():
-                state.skipped += wait
+                attempts.skipped_wait += wait
             else:
                 await self._async_sleep(wait)
 
     def close(self) -> None:
         """Close the wrapped sync transport."""
-        if self._sync is not None:
-            self._sync.close()
+        if self._sync_inner is not None:
+            self._sync_inner.close()
 
     async def aclose(self) -> None:
         """Close the wrapped async transport."""
-        if self._async is not None:
-            await self._async.aclose()
+        if self._async_inner is not None:
+            await self._async_inner.aclose()
 
     def _sync_transport(self) -> httpx.BaseTransport:
         """Return the wrapped sync transport, creating the default one on first use."""
-        if self._sync is None:
-            self._refuse_given("a sync", "httpx.Client")
-            self._sync = httpx.HTTPTransport()
-        return self._sync
+        if self._sync_inner is None:
+            self._refuse_wrong_kind("a sync", "httpx.Client")
+            self._sync_inner = httpx.HTTPTransport()
+        return self._sync_inner
 
     def _async_transport(self) -> httpx.AsyncBaseTransport:
         """Return the wrapped async transport, creating the default one on first use."""
-        if self._async is None:
-            self._refuse_given("an async", "httpx.AsyncClient")
-            self._async = httpx.AsyncHTTPTransport()
-        return self._async
+        if self._async_inner is None:
+            self._refuse_wrong_kind("an async", "httpx.AsyncClient")
+            self._async_inner = httpx.AsyncHTTPTransport()
+        return self._async_inner
 
-    def _refuse_given(self, kind: str, client: str) -> None:
+    def _refuse_wrong_kind(self, kind: str, client: str) -> None:
         """Fail clearly when the given transport cannot serve this kind of client."""
-        if self._given is not None:
+        if self._given_transport is not None:
             msg = (
-                f"{type(self._given).__name__} is not {kind} transport; "
+                f"{type(self._given_transport).__name__} is not {kind} transport; "
                 f"wrap {kind} transport to use RetryTransport with {client}"
             )
             raise TypeError(msg)
-
-
-class _Attempts:
-    """One request's retry bookkeeping, shared by the sync and async loops."""
-
-    __slots__ = ("_reason", "_start", "_transport", "attempt", "keeps_last", "last", "policy",
-                 "replayable", "request", "resendable", "skipped")
-
-    def __init__(self, transport: RetryTransport, request: httpx.Request) -> None:
-        self._transport = transport
-        self.request = request
-        self.policy = transport.policy.for_request(request)
-        self.attempt = 0
-        self.replayable = True
-        self.resendable = True
-        self._reason: GiveUpReason = "max_retries"
-        self._start = transport._clock()
-        self.skipped = 0.0
-        """Seconds of waiting skipped in testing mode, counted as if waited."""
-        self.last: httpx.Response | httpx.HTTPError | None = None
-        """The last attempt's outcome, handed back if the limiter has no token in time."""
-        # Only with a limiter and a time budget can a retry fail after its wait: then the
-        # response is read before it is closed, so that it can still be handed back.
-        self.keeps_last = transport.limiter is not None and self.policy.max_time is not None
-        method = request.method.upper()
-        if (
-            self.policy.add_idempotency_key
-            and method not in self.policy.retry_methods
-            and not request.headers.get("idempotency-key", "").strip()
-        ):
-            # Set once, so every attempt carries the same key.
-            request.headers["Idempotency-Key"] = str(uuid.uuid4())
-
-    def check_open(self) -> None:
-        """Fail fast while the breaker, if any, is open (before queueing in the limiter)."""
-        breaker = self._transport.breaker
-        if breaker is not None and breaker.remaining_cooldown > 0:
-            raise self._refused(breaker) from None
-
-    def time_left(self) -> float | None:
-        """Seconds left of ``max_time`` (None: no budget)."""
-        if self.policy.max_time is None:
-            return None
-        return self.policy.max_time - self._elapsed()
-
-    def _elapsed(self) -> float:
-        return self._transport._clock() - self._start + self.skipped
-
-    def out_of_time(self) -> httpx.Response:
-        """Give up because the limiter had no token within ``max_time``: hand back the
-        last response (or raise it as `RetriesExhausted`, or raise the last error);
-        before any attempt, raise `LimiterTimeout`."""
-        last = self.last
-        if last is None:
-            msg = (f"{self.request.method} {_loggable(self.request.url)} not sent: the limiter "
-                   f"had no token within max_time ({self.policy.max_time:g}s)")
-            raise LimiterTimeout(msg, request=self.request)
-        outcome = (f"status {last.status_code}" if isinstance(last, httpx.Response)
-                   else f"{type(last).__name__}: {last}")
-        self._give_up("max_time", outcome, None)
-        if isinstance(last, BaseException):
-            raise last
-        if self.should_raise(last):
-            raise self.exhausted(last)
-        return last
-
-    def permit(self) -> Permit | None:
-        """Ask the breaker, if any, for leave to send one attempt; raise if it refuses."""
-        breaker = self._transport.breaker
-        if breaker is None:
-            return None
-        permit = breaker.try_acquire()
-        if permit is None:
-            raise self._refused(breaker)
-        return permit
-
-    def release(self, permit: Permit | None) -> None:
-        """Give back an unused permit: the attempt was never sent."""
-        if permit is not None:
-            permit.release()
-
-    def record(self, permit: Permit | None, outcome: httpx.Response | BaseException) -> None:
-        """Tell the breaker how an attempt went: 5xx and connection errors are failures."""
-        if permit is None:
-            return
-        if isinstance(outcome, httpx.Response):
-            if outcome.status_code >= 500:
-                permit.record_failure()
-            else:
-                permit.record_success()
-        elif isinstance(outcome, RETRY_ERRORS):
-            permit.record_failure()
-        else:
-            permit.record_exception(outcome)  # the breaker's rules; a cancellation frees the slot
-
-    def check_breaker(self, wait: float, error: BaseException | None) -> None:
-        """Fail now rather than wait for a retry the open breaker would refuse anyway."""
-        breaker = self._transport.breaker
-        if breaker is not None and breaker.remaining_cooldown > wait:
-            raise self._refused(breaker) from error
-
-    def _refused(self, breaker: CircuitBreaker) -> CircuitOpenTransportError:
-        state = breaker.state
-        return CircuitOpenTransportError(
-            breaker.remaining_cooldown, breaker.name, state, request=self.request
-        )
-
-    def check_replayable(self) -> None:
-        """Decide once, before the first attempt, whether this request may be sent again."""
-        method = self.request.method.upper()
-        self.resendable = isinstance(self.request.stream, httpx.ByteStream)
-        self.replayable = self.resendable and (
-            method in self.policy.retry_methods or _valid_key(self.request.headers))
-
-    def after_response(self, response: httpx.Response) -> float | None:
-        """Return the wait before the next attempt, or None to hand ``response`` back."""
-        transport = self._transport
-        limiter = transport.limiter
-        retryable = response.status_code in self.policy.retry_statuses
-        if limiter is not None and limiter.adaptive:
-            now = transport._wall_clock()
-            quota = read_quota(response.headers, now)
-            if quota is not None:
-                # When Retry-After and the quota headers disagree, Retry-After wins.
-                retry_after = retry_after_hint(response.headers, now)
-                limiter.update(quota.remaining,
-                               quota.reset_after if retry_after is None else retry_after)
-        if not retryable:
-            if transport.retry_budget is not None:
-                transport.retry_budget.record_success()
-            return None
-        hint = self._hint(response)
-        if hint is not None and limiter is not None and response.status_code == 429:
-            limiter.update(0, hint)
-        return self._next_wait(hint, f"status {response.status_code}")
-
-    def after_error(self, error: httpx.TransportError) -> float | None:
-        """Return the wait before the next attempt, or None to re-raise ``error``."""
-        unsent = isinstance(error, UNSENT_ERRORS)
-        return self._next_wait(None, f"{type(error).__name__}: {error}", unsent=unsent)
-
-    def should_raise(self, response: httpx.Response) -> bool:
-        """Whether to raise instead of returning this last, retryable response."""
-        return self.policy.raise_on_give_up and response.status_code in self.policy.retry_statuses
-
-    def exhausted(self, response: httpx.Response) -> RetriesExhausted:
-        """Build the error for a retryable response we stopped at."""
-        msg = (
-            f"gave up on {self.request.method} {_loggable(self.request.url)} after "
-            f"{self.attempt + 1} attempt(s) ({self._reason}); last status {response.status_code}"
-        )
-        return RetriesExhausted(msg, request=self.request, response=response, reason=self._reason)
-
-    def _hint(self, response: httpx.Response) -> float | None:
-        """Return the first server hint the policy's parsers find.
-
-        A parser that raises is a bug in it, logged; the response must still be
-        closed and the retry go on, so it counts as no hint.
-        """
-        now = self._transport._wall_clock()
-        for parse in self.policy.hints:
-            try:
-                wait = parse(response.headers, now)
-            except Exception:
-                logger.exception("hint parser %r failed; ignoring it", parse)
-                continue
-            if wait is not None and wait >= 0 and math.isfinite(wait):
-                return wait
-        return None
-
-    def _next_wait(self, hint: float | None, outcome: str, *, unsent: bool = False,
-                   ) -> float | None:
-        """Count a failed attempt and schedule the next one, or return None to stop."""
-        transport, policy = self._transport, self.policy
-        if transport.retry_budget is not None:
-            transport.retry_budget.record_failure()
-        if hint is not None:
-            wait = hint
-        else:
-            wait = full_jitter(
-                self.attempt,
-                base=policy.backoff_base,
-                cap=policy.backoff_cap,
-                random=transport._random,
-            )
-        reason = self._stop_reason(wait, unsent)
-        if reason is not None:
-            self._give_up(reason, outcome, wait)
-            return None
-        self.attempt += 1
-        logger.info(
-            "retrying %s %s after %s: attempt %d in %.3fs",
-            self.request.method,
-            _loggable(self.request.url),
-            outcome,
-            self.attempt,
-            wait,
-            extra={
-                "attempt": self.attempt,
-                "wait": wait,
-                "outcome": outcome,
-                "method": self.request.method,
-                "url": _loggable(self.request.url),
-            },
-        )
-        return wait
-
-    def _stop_reason(self, wait: float, unsent: bool = False) -> GiveUpReason | None:
-        """Return why no retry may follow after waiting ``wait`` seconds, or None
-        (``unsent``: the attempt failed before sending anything)."""
-        policy, budget = self.policy, self._transport.retry_budget
-        if not (self.replayable or (unsent and self.resendable)):
-            return "not_replayable"
-        if self.attempt >= policy.max_retries:
-            return "max_retries"
-        if budget is not None and not budget.can_retry():
-            return "retry_budget"
-        if wait > LONGEST_WAIT:
-            return "max_time"
-        if policy.max_time is not None:
-            # The limiter's queue is waited for too before the retry is sent: counted in.
-            limiter = self._transport.limiter
-            queued = limiter.delay(1, after=wait) if limiter is not None else 0.0
-            if self._elapsed() + wait + queued > policy.max_time:
-                return "max_time"
-        return None
-
-    def _give_up(self, reason: GiveUpReason, outcome: str, wait: float | None) -> None:
-        """Remember and log why no retry follows (``wait`` None: the limiter had no
-        token in time)."""
-        self._reason = reason
-        if reason != "not_replayable":
-            logger.warning(
-                "giving up on %s %s after %s: %s (%s)",
-                self.request.method,
-                _loggable(self.request.url),
-                outcome,
-                reason,
-                "the limiter had no token in time" if wait is None
-                else f"next wait would be {wait:.3f}s",
-            )
-
-
-def _loggable(url: httpx.URL) -> str:
-    """The URL without query string, fragment or credentials, safe for logs."""
-    return str(url.copy_with(query=None, fragment=None, userinfo=b""))
-
-
-def _valid_key(headers: httpx.Headers) -> bool:
-    """Whether ``headers`` carry an ``Idempotency-Key`` a server would honour: not blank,
-    at most 255 characters (an empty one gets a 400, or is ignored: replaying the
-    request would risk doing it twice)."""
-    key = headers.get("idempotency-key", "").strip()
-    return 0 < len(key) <= 255
