@@ -27,10 +27,8 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ratelimit_mw import (
-    APIKey,
     CircuitBreaker,
     CircuitOpenError,
-    ClientIP,
     IdempotencyMiddleware,
     IdempotencyStore,
     MemoryIdempotencyStore,
@@ -93,11 +91,6 @@ def _idempotency_store() -> IdempotencyStore:
 
 
 idempotency_store = _idempotency_store()
-# Idempotency records are the caller's the rate limiter counts: its API key, else its
-# IP behind the trusted proxies. Two callers it tells apart never share a record.
-caller = APIKey(settings.api_key_header, fallback=ClientIP(
-    settings.trusted_proxies, ipv6_prefix=settings.ipv6_prefix,
-    forwarded_header=settings.forwarded_header))
 
 
 @asynccontextmanager
@@ -176,8 +169,9 @@ async def upstream(failure_rate: float = Query(0.0, ge=0, le=1)) -> JSONResponse
 app.include_router(quota_router())
 
 # Outermost last: unknown keys are refused first, then requests are rate limited,
-# then a keyed payment is run at most once.
-app.add_middleware(IdempotencyMiddleware, store=idempotency_store, identity=caller,
+# then a keyed payment is run at most once (its record is the caller's the rate limiter
+# resolved, sending the same credentials).
+app.add_middleware(IdempotencyMiddleware, store=idempotency_store,
                    required=["POST /api/v1/payments"])
 # (mypy: Starlette's middleware-factory protocol can't express a positional-or-keyword
 # ``settings`` parameter; the call is right.)

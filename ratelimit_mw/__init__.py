@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .breaker import CircuitBreaker, CircuitOpenError, CircuitState
+    from .breaker.guard import BreakerGuard, breaker_dependency, circuit_open_handler
+    from .client_ip import ClientIP, TrustedProxies
     from .decision import NEVER, Decision, Lease, Verdict
     from .errors import ConfigError, RateLimitError, StorageError
     from .events import DecisionEvent
     from .failure import FailureStats
-    from .guard import BreakerGuard, breaker_dependency, circuit_open_handler
     from .idempotency import (
         IdempotencyMiddleware,
         IdempotencyStore,
@@ -22,8 +23,8 @@ if TYPE_CHECKING:
         RedisIdempotencyStore,
         StoredResponse,
     )
-    from .keys import APIKey, AuthenticatedUser, ClientIP, TrustedProxies
-    from .middleware import Caller, RateLimitMiddleware
+    from .identity import APIKey, AuthenticatedUser, Caller
+    from .middleware import RateLimitMiddleware
     from .policy import ALGORITHM_NAMES, AlgorithmName, Hit, Limit, limits_from
     from .quota import QuotaEndpoints, quota_router, quota_routes
     from .rates import Rate, parse_rate, parse_rates
@@ -36,15 +37,15 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "ALGORITHM_NAMES": "policy",
-    "APIKey": "keys",
+    "APIKey": "identity",
     "AlgorithmName": "policy",
-    "AuthenticatedUser": "keys",
-    "BreakerGuard": "guard",
-    "Caller": "middleware",
+    "AuthenticatedUser": "identity",
+    "BreakerGuard": "breaker.guard",
+    "Caller": "identity",
     "CircuitBreaker": "breaker",
     "CircuitOpenError": "breaker",
     "CircuitState": "breaker",
-    "ClientIP": "keys",
+    "ClientIP": "client_ip",
     "ConfigError": "errors",
     "Decision": "decision",
     "DecisionEvent": "events",
@@ -74,11 +75,11 @@ _EXPORTS = {
     "TierByAPIKey": "tiers",
     "TierFromHeader": "tiers",
     "TierTable": "tiers",
-    "TrustedProxies": "keys",
+    "TrustedProxies": "client_ip",
     "UsageRetention": "storage.base",
     "Verdict": "decision",
-    "breaker_dependency": "guard",
-    "circuit_open_handler": "guard",
+    "breaker_dependency": "breaker.guard",
+    "circuit_open_handler": "breaker.guard",
     "cost": "routes",
     "exempt": "routes",
     "limit": "routes",

@@ -1,79 +1,31 @@
-"""Who a request counts for: the client IP (behind trusted proxies), an API key, a user.
+"""The client's address: the peer, or behind trusted proxies the client they forwarded for.
 
-A key function takes the ASGI scope and returns the identity the limits count for
-(``"ip:203.0.113.7"``, ``"apikey:…"``, ``"user:alice"``), or ``None`` to leave the
-request unlimited. It may be sync or async; ``key_function`` normalises the built-in
-names and tells the middleware whether to await it.
+As uvicorn's ``ProxyHeadersMiddleware`` does, the forwarding header is believed only
+from trusted proxies and walked right to left; unlike it, RFC 7239's ``Forwarded`` is
+read too, and a hostile header costs a bounded amount of work.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import inspect
 import ipaddress
 import logging
 import re
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from collections.abc import Iterable
 
 from mypy_extensions import mypyc_attr
 from starlette.types import Scope
 
+from .asgi import header_value
 from .errors import ConfigError
 
-__all__ = [
-    "APIKey",
-    "AuthenticatedUser",
-    "ClientIP",
-    "KeyFunc",
-    "TrustedProxies",
-    "first_header_value",
-    "header_value",
-    "is_async_callable",
-]
-
-KeyFunc = Callable[[Scope], "str | Awaitable[str | None] | None"]
+__all__ = ["FORWARDED_HEADERS", "ClientIP", "TrustedProxies", "check_forwarded_header"]
 
 _log = logging.getLogger("ratelimit_mw")
 _IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 _MAX_HOPS = 32  # a longer forwarding chain is hostile; walk no further than this
 _MAX_TOKEN = 64  # an address longer than this is not an address
 _MAX_HEADER = _MAX_HOPS * 256  # of a forwarding header, only this much of its end is read
-
-
-def is_async_callable(fn: object) -> bool:
-    """True for ``async def`` functions and objects with an ``async def __call__``."""
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None)  # noqa: B004 - we want the bound __call__, not callable()
-    )
-
-
-def header_value(scope: Scope, name: bytes) -> str | None:
-    """Every value of header ``name`` (lower-case bytes) joined by ``,``; None when absent.
-
-    Header bytes are decoded as latin-1, which never fails, so hostile bytes can't raise.
-    """
-    values = [value for key, value in scope["headers"] if key == name]
-    if not values:
-        return None
-    return b",".join(values).decode("latin-1")
-
-
-def first_header_value(scope: Scope, name: bytes) -> str | None:
-    """The first value of header ``name`` (lower-case bytes); None when absent.
-
-    What Starlette's ``request.headers[name]`` and FastAPI's ``Header()`` read: a key or
-    a tier must come from the value the app authenticates (every value joined, a valid
-    key sent again beside a made-up one would get a new counter each time).
-    """
-    value: bytes
-    for key, value in scope["headers"]:
-        if key == name:
-            return value.decode("latin-1")
-    return None
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -314,8 +266,7 @@ class ClientIP:
 
     __slots__ = ("_header", "_keys", "_warned", "ipv6_prefix", "trusted")
 
-    # ipv6_prefix is typed object: compiled, an int parameter would reject a bad value
-    # with a TypeError naming neither it nor the value, before the check below.
+    # ipv6_prefix typed object: see ``checks``.
     def __init__(
         self, trusted_proxies: TrustedProxies | Iterable[str] | str = (), *,
         ipv6_prefix: object = 64, forwarded_header: object = "x-forwarded-for",
@@ -414,83 +365,3 @@ def _address(text: str) -> object:
         return ipaddress.ip_address(text)
     except ValueError:
         return None
-
-
-_TCHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
-                    "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
-
-
-def is_token(text: str) -> bool:
-    """True for an RFC 9110 token: what a header name or a method is made of."""
-    return bool(text) and set(text) <= _TCHARS
-
-
-def header_name(value: object, what: str) -> str:
-    """``value`` as a lower-case HTTP header name (an RFC 9110 token), or a ConfigError
-    naming ``what`` and the value (a name no request can carry would never match)."""
-    name = value.strip().lower() if isinstance(value, str) else ""
-    if not is_token(name):
-        msg = (f"{what} must be an HTTP header name (letters, digits and !#$%&'*+-.^_`|~), "
-               f"got {value!r}")
-        raise ConfigError(msg)
-    return name
-
-
-def _digest(value: str) -> str:
-    """A short stable digest, so secrets never reach the storage or the logs."""
-    return hashlib.blake2b(value.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
-
-
-@mypyc_attr(allow_interpreted_subclasses=True)
-class APIKey:
-    """The API key sent in ``header`` (hashed; its first value, the one the app reads),
-    else ``fallback`` (the client IP)."""
-
-    __slots__ = ("_name", "fallback", "header")
-
-    def __init__(self, header: object = "x-api-key", *, fallback: KeyFunc | None = None) -> None:
-        self.header = header_name(header, "the API key header")
-        self._name = self.header.encode("latin-1")
-        self.fallback: KeyFunc = fallback if fallback is not None else ClientIP()
-        if is_async_callable(self.fallback):
-            msg = "APIKey's fallback must be a synchronous key function"
-            raise ConfigError(msg)
-
-    def __call__(self, scope: Scope) -> str | None:
-        value = first_header_value(scope, self._name)
-        if value is not None and value.strip():
-            return f"apikey:{_digest(value.strip())}"
-        return self.fallback(scope)  # type: ignore[return-value]
-
-    def __repr__(self) -> str:
-        return f"APIKey({self.header!r}, fallback={self.fallback!r})"
-
-
-@mypyc_attr(allow_interpreted_subclasses=True)
-class AuthenticatedUser:
-    """The authenticated ``scope["user"]``'s identity, else ``fallback`` (the client IP).
-
-    ``scope["user"]`` is set by Starlette's ``AuthenticationMiddleware``, which must
-    therefore run before this middleware (be added after it).
-    """
-
-    __slots__ = ("fallback",)
-
-    def __init__(self, *, fallback: KeyFunc | None = None) -> None:
-        self.fallback: KeyFunc = fallback if fallback is not None else ClientIP()
-        if is_async_callable(self.fallback):
-            msg = "AuthenticatedUser's fallback must be a synchronous key function"
-            raise ConfigError(msg)
-
-    def __call__(self, scope: Scope) -> str | None:
-        user: Any = scope.get("user")
-        if user is not None and getattr(user, "is_authenticated", False):
-            try:
-                identity = user.identity
-            except NotImplementedError:
-                identity = user.display_name
-            return f"user:{_digest(str(identity))}"
-        return self.fallback(scope)  # type: ignore[return-value]
-
-    def __repr__(self) -> str:
-        return f"AuthenticatedUser(fallback={self.fallback!r})"

@@ -13,3 +13,9 @@ class ConfigError(RateLimitError, ValueError):
 
 class StorageError(RateLimitError):
     """The storage backend could not answer (connection lost, timeout, script error)."""
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` of ``exc`` for a log line, at most 300 characters."""
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"[:300]

@@ -14,37 +14,23 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, TypeVar, get_args
+from typing import Literal, TypeVar, get_args
 
-from .breaker import CircuitBreaker
+from .breaker import CircuitBreaker, Gate
+from .checks import positive_seconds
 from .decision import Verdict
-from .errors import ConfigError, StorageError
+from .errors import ConfigError, StorageError, describe_error
 from .events import Source
 from .policy import Hit
-from .storage import MemoryStorage, RedisStorage, Storage
+from .storage import MemoryStorage, Storage
 
-__all__ = ["FAILURE_MODES", "FailureMode", "FailureStats", "Gate", "StorageGuard", "check_mode"]
+__all__ = ["FAILURE_MODES", "FailureMode", "FailureStats", "GuardedStorage", "check_mode"]
 
 FailureMode = Literal["open", "closed", "memory"]
 FAILURE_MODES: tuple[FailureMode, ...] = get_args(FailureMode)
 
 _log = logging.getLogger("ratelimit_mw")
 T = TypeVar("T")
-
-
-class _Permit(Protocol):
-    def record_success(self) -> None: ...
-    def record_failure(self) -> None: ...
-    def release(self) -> None: ...
-
-
-class Gate(Protocol):
-    """What the guard needs of a circuit breaker (``CircuitBreaker`` fits)."""
-
-    def try_acquire(self) -> _Permit | None: ...
-
-    @property
-    def remaining_cooldown(self) -> float: ...
 
 
 def check_mode(value: object) -> FailureMode:
@@ -73,14 +59,15 @@ class FailureStats:
     """Requests decided by the local in-memory limiter (``memory``)."""
 
 
-class StorageGuard:
-    """Decides through ``storage`` with a timeout and a breaker; ``None`` when it can't.
+class GuardedStorage:
+    """The storage behind a timeout, a breaker and the failure policy: decides through
+    ``storage``, or answers ``None`` when it can't.
 
     In ``memory`` mode a failed or skipped call is decided by a local
     ``MemoryStorage`` instead, so limits still hold per process.
     """
 
-    __slots__ = ("_bounds_itself", "breaker", "fallback", "mode", "stats", "storage", "timeout")
+    __slots__ = ("breaker", "fallback", "mode", "stats", "storage", "timeout")
 
     def __init__(
         self,
@@ -92,8 +79,7 @@ class StorageGuard:
         breaker: Gate | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        # The checked arguments are typed object: compiled, a float parameter would take
-        # True for 1.0, and refuse a string with a TypeError naming neither it nor the value.
+        # Checked arguments typed object: see ``checks``.
         self.mode = check_mode(mode)
         self.timeout = positive_seconds("storage timeout", timeout)
         cooldown = positive_seconds("recovery interval", recovery_interval)
@@ -104,10 +90,6 @@ class StorageGuard:
             probe_timeout=max(1.0, 10 * self.timeout),
         )
         self.fallback = MemoryStorage(clock=clock) if self.mode == "memory" else None
-        # RedisStorage's own decide takes the timeout (one timer per batch); a subclass
-        # that overrides decide gets the generic asyncio.timeout.
-        self._bounds_itself = (isinstance(storage, RedisStorage)
-                               and type(storage).decide is RedisStorage.decide)
         self.stats = FailureStats()
 
     @property
@@ -126,18 +108,8 @@ class StorageGuard:
         if permit is None:
             self.stats.skipped += 1
             return self._degraded(key, hits, usage)
-        storage = self.storage
         try:
-            if self._bounds_itself:
-                # It keeps the timeout itself, with one timer per pipelined batch where
-                # asyncio.timeout here would cost one per request.
-                verdict = await storage.decide(  # type: ignore[call-arg]
-                    key, hits, usage=usage, timeout=self.timeout)
-            else:
-                async with asyncio.timeout(self.timeout):
-                    # Without usage, the two-argument call: custom storages may predate it.
-                    verdict = await (storage.decide(key, hits, usage=usage) if usage
-                                     else storage.decide(key, hits))
+            verdict = await self.storage.decide_within(self.timeout, key, hits, usage=usage)
         except Exception as exc:
             # Any failure of the storage (StorageError, TimeoutError, a bug in a custom
             # storage) is the failure policy's business, never a 500.
@@ -174,24 +146,9 @@ class StorageGuard:
     ) -> tuple[Verdict | None, Source]:
         if self.fallback is not None:
             self.stats.fallback += 1
-            return self.fallback.decide_now(key, hits, usage=usage), "fallback"
+            return self.fallback.decide_now(key, hits, usage), "fallback"
         if self.mode == "open":
             self.stats.allowed += 1
         else:
             self.stats.refused += 1
         return None, "unavailable"
-
-
-def positive_seconds(name: str, value: object) -> float:
-    """``value`` as a positive, finite number of seconds, or a ConfigError naming it."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (
-            0 < value < math.inf):
-        msg = f"{name} must be a positive number of seconds, got {value!r}"
-        raise ConfigError(msg)
-    return float(value)
-
-
-def describe_error(exc: BaseException) -> str:
-    """``Type: message`` of ``exc`` for a log line, at most 300 characters."""
-    text = str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}"[:300]

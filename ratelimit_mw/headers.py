@@ -15,9 +15,10 @@ from typing import Literal, get_args
 
 from mypy_extensions import mypyc_attr
 
+from .asgi import Header
 from .decision import Decision, Verdict, binding_of
 from .errors import ConfigError
-from .policy import Limit
+from .policy import Limit, PolicyKey
 
 __all__ = [
     "HEADER_STYLES",
@@ -33,9 +34,6 @@ __all__ = [
 HeaderStyle = Literal["legacy", "draft-6", "draft-7", "draft-11"]
 HEADER_STYLES: tuple[HeaderStyle, ...] = get_args(HeaderStyle)
 _IETF = ("draft-6", "draft-7", "draft-11")
-
-Header = tuple[bytes, bytes]
-PolicyKey = tuple[str, Limit]  # (scope, limit): what a decision is about
 
 
 def parse_header_style(value: str) -> tuple[HeaderStyle, ...]:

@@ -1,24 +1,26 @@
 """A plan: the hits of one (tier, route) pair, with its policy names and static headers.
 
-Plans are built once per pair and reused, so a request only looks one up.
+Plans are built once per pair and reused, so a request only looks one up. A plan also
+knows which of its limits are shadow limits (decided and reported, never enforced).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .decision import Verdict
 from .errors import ConfigError
 from .headers import HeaderFormat, policy_name
-from .policy import Hit, Limit
-from .routes import RouteSpec
-from .storage.base import merge_hits
+from .policy import Hit, Limit, PolicyKey, merge_hits
+from .routes import NO_ROUTE, RouteSpec
 from .tiers import Tier
 
-__all__ = ["Plan", "make_plan"]
+__all__ = ["Plan", "Plans", "check_plan", "enforced_denial", "make_plan", "with_shadowed"]
 
-PolicyKey = tuple[str, Limit]
+_log = logging.getLogger("ratelimit_mw")
+_KEPT = 8192  # plans kept (then forgotten at once): tiers by routes, with room to spare
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -115,3 +117,73 @@ def check_plan(plan: Plan, method_path: str) -> None:
            f"{plan.tier.name!r} admits at most {hit.limit.capacity} at once, so it could "
            f"never pass; lower the cost or raise the limit's capacity (burst)")
     raise ConfigError(msg)
+
+
+class Plans:
+    """The plan of each (tier, route) pair, made at the pair's first request.
+
+    ``check`` refuses, at start-up, any pair of the app's known routes whose requests
+    could never pass. A route the app gains later is checked at its first request,
+    with no start-up left to fail: logged once, its requests refused as never
+    admissible.
+    """
+
+    __slots__ = ("_format", "_lease", "_made", "_reported")
+
+    def __init__(self, fmt: HeaderFormat, lease: float) -> None:
+        self._format = fmt
+        self._lease = lease
+        self._made: dict[tuple[str, RouteSpec], Plan] = {}
+        self._reported: set[tuple[str, str]] = set()  # (tier, route) found bad late
+
+    def get(self, tier: Tier, route: RouteSpec) -> Plan:
+        """The plan of ``tier`` on ``route``."""
+        plan = self._made.get((tier.name, route))
+        if plan is None:
+            if len(self._made) >= _KEPT:
+                self._made.clear()
+            plan = self._made[(tier.name, route)] = make_plan(
+                tier, route, self._format, self._lease)
+            self._check_late(plan)
+        return plan
+
+    def check(self, tiers: Iterable[Tier], routes: Iterable[RouteSpec]) -> None:
+        """Refuse to start when a request of some tier on some route (or on none) could
+        never pass (a cost above a capacity, two limits on one counter)."""
+        specs = [(NO_ROUTE, ""), *((spec, spec.label) for spec in routes)]
+        for tier in tiers:
+            for spec, label in specs:
+                if not spec.exempt:
+                    check_plan(make_plan(tier, spec, self._format, self._lease), label)
+
+    def _check_late(self, plan: Plan) -> None:
+        try:
+            check_plan(plan, plan.route.label)
+        except ConfigError as exc:
+            seen = (plan.tier.name, plan.route.label)
+            if seen not in self._reported:
+                self._reported.add(seen)
+                _log.error("ratelimit_mw: %s", exc)
+
+
+def with_shadowed(plan: Plan, verdict: Verdict, enforced: Verdict | None) -> Verdict:
+    """The verdict of the enforced limits alone, with the shadow limits' decisions from
+    ``verdict`` (which only they denied) put back in the plan's order."""
+    if enforced is None:  # the storage failed on the second call: let it through
+        return Verdict(True, verdict.decisions)
+    shadow = plan.shadow
+    counted = iter(enforced.decisions)
+    return Verdict(enforced.allowed, tuple(
+        d if (d.scope, d.policy) in shadow else next(counted) for d in verdict.decisions),
+        enforced.leases, enforced.at)
+
+
+def enforced_denial(plan: Plan, verdict: Verdict) -> Verdict:
+    """A refused verdict as its enforced limits see it: a shadow limit that also denied
+    sets neither Retry-After, nor the reported policy, nor how long the key stays
+    cached as blocked (it is reported as admitting, with what it has left)."""
+    shadow = plan.shadow
+    return verdict._replace(decisions=tuple(
+        d._replace(allowed=True, retry_after=0.0)
+        if not d.allowed and (d.scope, d.policy) in shadow else d
+        for d in verdict.decisions))

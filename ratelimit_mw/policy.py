@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -11,7 +11,10 @@ from mypy_extensions import mypyc_attr
 from .errors import ConfigError
 from .rates import MAX_AMOUNT, MAX_PERIOD, Rate, parse_rate, parse_rates
 
-__all__ = ["ALGORITHM_NAMES", "AlgorithmName", "Hit", "Limit", "limits_from"]
+__all__ = [
+    "ALGORITHM_NAMES", "AlgorithmName", "Hit", "Limit", "MergedHits", "PolicyKey", "as_limits",
+    "limits_from", "merge_hits",
+]
 
 AlgorithmName = Literal[
     "fixed_window", "sliding_log", "sliding_window", "token_bucket", "gcra", "concurrency",
@@ -64,14 +67,10 @@ class Limit:
     uid: str = field(init=False, repr=False, compare=False)
     is_concurrency: bool = field(init=False, repr=False, compare=False)
     """True for a limit on requests in flight rather than a rate."""
-    step: Callable[[Any, int, int, int, int, int], tuple[bool, int, int, int, Any]] = field(
-        init=False, repr=False, compare=False)
     _hash: int = field(init=False, repr=False, compare=False)
 
-    # Written out rather than generated, with the checked arguments taken as any object
-    # (here and in the constructors below): compiled with mypyc, a typed parameter would
-    # reject a bad value with a TypeError that names neither the argument nor the value,
-    # before these checks could run.
+    # Written out rather than generated, the checked arguments typed object (here and in
+    # the constructors below): see ``checks``.
     def __init__(self, rate: object, algorithm: object = "sliding_window",
                  burst: object = None, name: object = "") -> None:
         set_ = object.__setattr__
@@ -106,9 +105,6 @@ class Limit:
         set_(self, "name", str(name) or self._default_name())
         # The storage identity of the counter: the shape, not the display name.
         set_(self, "uid", f"{kind}:{rate.amount}:{rate.period_us}:{capacity}")
-        from .algorithms import ALGORITHMS  # the algorithms know limits; a late import
-
-        set_(self, "step", ALGORITHMS[kind])
         # Limits key the per-request lookups (policy names, header texts): hash once.
         set_(self, "_hash", hash((rate, kind, burst, self.name)))
 
@@ -164,6 +160,25 @@ def limits_from(
     return [Limit(rate, algorithm, burst) for rate in parse_rates(value)]
 
 
+def as_limits(value: object) -> tuple[Limit, ...]:
+    """Limits from ``"10/minute; 1000/day"``, a Limit, or a sequence of both."""
+    if isinstance(value, Limit):
+        if value.algorithm == "concurrency":
+            msg = (f"{value} limits requests in flight: give the tier concurrency= "
+                   f"(the lease is the concurrency_lease setting) instead of a limit")
+            raise ConfigError(msg)
+        return (value,)
+    if isinstance(value, str):
+        return tuple(limits_from(value))
+    if isinstance(value, Iterable):
+        out: list[Limit] = []
+        for item in value:
+            out.extend(as_limits(item))
+        return tuple(out)
+    msg = f"expected limits as a rate string, a Limit or a list of them, got {value!r}"
+    raise ConfigError(msg)
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass(frozen=True, slots=True)
 class Hit:
@@ -177,7 +192,7 @@ class Hit:
     scope: str = ""
     slot: tuple[str, str] = field(init=False, repr=False, compare=False)
 
-    # Written out, with ``cost`` and ``scope`` taken as any object: see ``Limit``.
+    # Written out, ``cost`` and ``scope`` typed object: see ``checks``.
     def __init__(self, limit: object, cost: object = 1, scope: object = "") -> None:
         if not isinstance(limit, Limit):
             msg = f"Hit needs a Limit, got {limit!r}"
@@ -208,3 +223,47 @@ class Hit:
         return self.cost > self.limit.capacity
 
 
+
+
+PolicyKey = tuple[str, Limit]
+"""What a decision is about: a hit's scope and its limit."""
+
+
+@mypyc_attr(native_class=False)  # a tuple subclass: mypyc compiles none
+class MergedHits(tuple[Hit, ...]):
+    """Hits already folded by ``merge_hits``: folding them again is free.
+
+    A plan folds its hits once, so the storages skip the check per request. Decisions
+    come back in the order of the merged hits.
+    """
+
+    __slots__ = ()
+
+
+def merge_hits(hits: Sequence[Hit]) -> Sequence[Hit]:
+    """Fold hits on the same counter (same limit and scope) into one, costs added (a
+    concurrency limit's: one slot, whatever the count).
+
+    Two hits on one counter must consume from one state, not overwrite each other.
+    """
+    if type(hits) is MergedHits:
+        return hits
+    count = len(hits)
+    if count < 2:
+        return hits
+    slots = [hit.slot for hit in hits]
+    if count <= 8:  # the usual few limits: pairwise checks beat building a dict
+        if not any(slots[i] in slots[i + 1:] for i in range(count - 1)):
+            return MergedHits(hits)
+    elif len(set(slots)) == count:
+        return MergedHits(hits)
+    merged: dict[tuple[str, str], Hit] = {}
+    for hit in hits:
+        seen = merged.get(hit.slot)
+        if seen is None:
+            merged[hit.slot] = hit
+        elif hit.limit.is_concurrency:  # one request, one slot, however often named
+            merged[hit.slot] = Hit(seen.limit, max(seen.cost, hit.cost), hit.scope)
+        else:
+            merged[hit.slot] = Hit(seen.limit, seen.cost + hit.cost, hit.scope)
+    return MergedHits(merged.values())

@@ -1,7 +1,7 @@
 """Quota endpoints: each caller's own plan, limits, usage and usage history.
 
-Mount them behind `RateLimitMiddleware` (they ask it who the caller is, so they
-resolve identity exactly as the limits do)::
+Mount them behind `RateLimitMiddleware` (they ask its limiter who the caller is, so
+they resolve identity exactly as the limits do)::
 
     app = Starlette(routes=[*quota_routes()])            # Starlette
     app.include_router(quota_router())                    # FastAPI
@@ -48,18 +48,19 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, date, datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .decision import Decision
-from .errors import StorageError
-from .failure import describe_error
-from .middleware import STATE_MIDDLEWARE, Caller, RateLimitMiddleware
+from .errors import StorageError, describe_error
+from .identity import Caller
+from .limiter import Limiter, limiter_of
+from .responses import error_response, iso_utc
 from .storage.base import BUCKET_SECONDS, Granularity
 
 if TYPE_CHECKING:
@@ -78,31 +79,19 @@ def _unit(limit_period: float) -> str:
     return _UNITS.get(seconds, f"{limit_period:g}s")
 
 
-def _iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-T = TypeVar("T")
 _log = logging.getLogger("ratelimit_mw")
 
 
-async def _read(middleware: RateLimitMiddleware, call: Callable[[], Awaitable[T]]) -> T:
-    """A storage read under the middleware's storage breaker and timeout (memory storage,
-    which has neither, is read directly)."""
-    guard = middleware.guard
-    return await (guard.read(call) if guard is not None else call())
-
-
-def _unavailable(what: str, middleware: RateLimitMiddleware, exc: BaseException) -> Response:
+def _unavailable(what: str, limiter: Limiter, exc: BaseException) -> Response:
     """The 503 for a read that failed; the cause (which may name the storage's address)
     goes to the log, not to the caller."""
-    retry = middleware.guard.retry_after if middleware.guard is not None else 1
+    retry = limiter.retry_after
     error = describe_error(exc)
     _log.warning("ratelimit_mw quota read failed: event=quota_unavailable error=%s", error,
                  extra={"ratelimit": {"event": "quota_unavailable", "error": error}})
-    return _error(503, "quota_unavailable",
-                  f"{what} can't be read right now; try again in {retry}s.",
-                  **{"Retry-After": str(retry)})
+    return error_response(503, "quota_unavailable",
+                          f"{what} can't be read right now; try again in {retry}s.",
+                          headers={"Retry-After": str(retry)})
 
 
 _SKEW = 2 * 86400
@@ -115,11 +104,6 @@ def _month(now: float) -> tuple[str, float, float]:
     start = datetime(day.year, day.month, 1, tzinfo=UTC)
     after = datetime(day.year + day.month // 12, day.month % 12 + 1, 1, tzinfo=UTC)
     return f"{day.year:04d}-{day.month:02d}", start.timestamp(), after.timestamp()
-
-
-def _error(status: int, error: str, message: str, **headers: str) -> JSONResponse:
-    return JSONResponse({"error": error, "message": message}, status_code=status,
-                        headers={"Cache-Control": "no-store", **headers})
 
 
 class _BadParameterError(ValueError):
@@ -171,43 +155,42 @@ class QuotaEndpoints:
     def __init__(self, *, allow_anonymous: bool = False) -> None:
         self.allow_anonymous = allow_anonymous
 
-    async def _caller(self, request: Request) -> tuple[RateLimitMiddleware, Caller | None]:
-        state = request.scope.get("state")
-        middleware = state.get(STATE_MIDDLEWARE) if isinstance(state, dict) else None
-        if not isinstance(middleware, RateLimitMiddleware):
+    async def _caller(self, request: Request) -> tuple[Limiter, Caller | None]:
+        limiter = limiter_of(request.scope)
+        if limiter is None:
             msg = ("the quota endpoints need RateLimitMiddleware in front of them "
                    "(app.add_middleware(RateLimitMiddleware, ...))")
             raise RuntimeError(msg)
-        caller = await middleware.identify(request.scope)
+        caller = await limiter.identify(request.scope)
         if caller is None or (caller.anonymous and not self.allow_anonymous):
-            return middleware, None
-        return middleware, caller
+            return limiter, None
+        return limiter, caller
 
     @staticmethod
     def _unauthorized() -> JSONResponse:
-        return _error(401, "unauthorized", "Send a valid API key to see your quota.",
-                      **{"WWW-Authenticate": 'ApiKey realm="api"'})
+        return error_response(401, "unauthorized", "Send a valid API key to see your quota.",
+                              headers={"WWW-Authenticate": 'ApiKey realm="api"'})
 
     async def quota(self, request: Request) -> Response:
         """``GET …/quota``: the caller's plan, limits, usage and when the period resets."""
-        middleware, caller = await self._caller(request)
+        limiter, caller = await self._caller(request)
         if caller is None:
             return self._unauthorized()
-        plan = middleware.plan_for(caller.tier)
-        now = middleware.clock()
-        storage = middleware.storage
+        plan = limiter.plan_for(caller.tier)
+        now = limiter.clock()
+        storage = limiter.storage
         try:
-            peek = await _read(middleware, lambda: storage.peek(caller.key, plan.hits)
+            peek = await limiter.read(lambda: storage.peek(caller.key, plan.hits)
                                ) if plan.hits else None
             today: int | None = None
-            if middleware.settings.quota_history:
+            if limiter.settings.quota_history:
                 # Days around ours: the storage stops at its own today (Redis's clock),
                 # which an app server's skewed clock could put a day off.
-                days = await _read(middleware, lambda: storage.usage(
+                days = await limiter.read(lambda: storage.usage(
                     caller.key, "day", now - _SKEW, now + _SKEW))
                 today = days[-1][1] if days else 0
         except (StorageError, TimeoutError) as exc:
-            return _unavailable("The quota", middleware, exc)
+            return _unavailable("The quota", limiter, exc)
         if peek is not None and peek.at is not None:
             now = peek.at  # the storage's clock: app servers agree on the period
         label, _, month_end = _month(now)
@@ -228,7 +211,7 @@ class QuotaEndpoints:
             "period": label,
             "limits": report.limits,
             "usage": usage,
-            "resets_at": _iso(month_end),
+            "resets_at": iso_utc(month_end),
         }
         if report.burst:
             body["burst"] = report.burst
@@ -238,37 +221,37 @@ class QuotaEndpoints:
 
     async def history(self, request: Request) -> Response:
         """``GET …/quota/history``: admitted requests per hour or day bucket."""
-        middleware, caller = await self._caller(request)
+        limiter, caller = await self._caller(request)
         if caller is None:
             return self._unauthorized()
-        if not middleware.settings.quota_history:
-            return _error(404, "quota_history_disabled",
+        if not limiter.settings.quota_history:
+            return error_response(404, "quota_history_disabled",
                           "Usage history is not recorded here (quota_history is off).")
         params = request.query_params
         granularity = params.get("granularity", "day").strip().lower()
         if granularity not in BUCKET_SECONDS:
-            return _error(400, "bad_request", "granularity must be 'hour' or 'day'")
-        now = middleware.clock()
+            return error_response(400, "bad_request", "granularity must be 'hour' or 'day'")
+        now = limiter.clock()
         try:
             end = _when(params["to"], "to", end=True) if "to" in params else now
             start = (_when(params["from"], "from", end=False) if "from" in params
                      else end - _DEFAULT_SPAN[granularity] + 1)
         except _BadParameterError as exc:
-            return _error(400, "bad_request", str(exc))
+            return error_response(400, "bad_request", str(exc))
         if start > end:
-            return _error(400, "bad_request", "'from' must not be after 'to'")
+            return error_response(400, "bad_request", "'from' must not be after 'to'")
         grain: Granularity = "hour" if granularity == "hour" else "day"
         try:
-            buckets = await _read(middleware, lambda: middleware.storage.usage(
+            buckets = await limiter.read(lambda: limiter.storage.usage(
                 caller.key, grain, start, end))
         except (StorageError, TimeoutError) as exc:
-            return _unavailable("The history", middleware, exc)
+            return _unavailable("The history", limiter, exc)
         return JSONResponse({
             "plan": caller.tier.name,
             "granularity": granularity,
-            "from": _iso(start),
-            "to": _iso(end),
-            "buckets": [{"start": _iso(epoch), "requests": count} for epoch, count in buckets],
+            "from": iso_utc(start),
+            "to": iso_utc(end),
+            "buckets": [{"start": iso_utc(epoch), "requests": count} for epoch, count in buckets],
             "total": sum(count for _, count in buckets),
         }, headers={"Cache-Control": "no-store"})
 

@@ -1,17 +1,20 @@
-"""The 429 (and fail-closed 503) responses: JSON, ``application/problem+json``, or your own."""
+"""The answers the library makes itself: the 429 of a denial (JSON, ``application/problem+json``
+or your own), and one body shape for every other (a 503 while the storage is down, the
+quota endpoints' and idempotency's errors, a breaker's refusal)."""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal, get_args
 
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.types import Scope, Send
 
+from .asgi import Header
 from .decision import Decision, Verdict
 from .errors import ConfigError
 from .headers import policy_label
@@ -22,6 +25,9 @@ __all__ = [
     "DeniedHook",
     "ResponseFormat",
     "denial_body",
+    "error_body",
+    "error_response",
+    "iso_utc",
     "send_response",
     "unavailable_body",
 ]
@@ -29,8 +35,6 @@ __all__ = [
 ResponseFormat = Literal["json", "problem+json"]
 RESPONSE_FORMATS: tuple[ResponseFormat, ...] = get_args(ResponseFormat)
 PROBLEM_TYPE = "https://iana.org/assignments/http-problem-types#quota-exceeded"
-
-Header = tuple[bytes, bytes]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +86,8 @@ def _window(period_us: int) -> str:
     return f"{seconds}s" if not micros else f"{seconds}.{micros:06d}".rstrip("0") + "s"
 
 
-def _iso(epoch: float) -> str:
+def iso_utc(epoch: float) -> str:
+    """``2024-01-01T00:01:00Z``: epoch seconds as an ISO 8601 UTC time, to the second."""
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -104,7 +109,7 @@ def denial_body(denial: Denial, fmt: ResponseFormat = "json") -> tuple[bytes, by
         "retry_after_seconds": retry,
         "limit": decision.limit,
         "window": None if concurrent else _window(decision.policy.period_us),
-        "reset_at": None if retry is None else _iso(math.ceil(denial.now + wait)),
+        "reset_at": None if retry is None else iso_utc(math.ceil(denial.now + wait)),
     }
     if fmt == "problem+json":
         body = {
@@ -116,17 +121,28 @@ def denial_body(denial: Denial, fmt: ResponseFormat = "json") -> tuple[bytes, by
             **fields,
         }
         return b"application/problem+json", _dump(body)
-    return b"application/json", _dump(
-        {"error": "rate_limit_exceeded", "message": message, **fields})
+    return b"application/json", _dump(error_body("rate_limit_exceeded", message, **fields))
 
 
 def unavailable_body(retry_after: int) -> bytes:
     """The body of the 503 sent while the storage is down and the policy is ``closed``."""
-    return _dump({
-        "error": "rate_limit_unavailable",
-        "message": "The rate limiter cannot decide right now; try again shortly.",
-        "retry_after_seconds": retry_after,
-    })
+    return _dump(error_body(
+        "rate_limit_unavailable", "The rate limiter cannot decide right now; try again shortly.",
+        retry_after_seconds=retry_after))
+
+
+def error_body(error: str, message: str, **fields: object) -> dict[str, object]:
+    """The JSON body of every answer the library makes: ``error`` (a code a program
+    can test), ``message`` (for a person), then the answer's own fields (first
+    ``retry_after_seconds`` when the client should wait)."""
+    return {"error": error, "message": message, **fields}
+
+
+def error_response(status: int, error: str, message: str, *,
+                   headers: Mapping[str, str] | None = None, **fields: object) -> JSONResponse:
+    """An answer of the library's own (never stored by caches): see ``error_body``."""
+    return JSONResponse(error_body(error, message, **fields), status_code=status,
+                        headers={"Cache-Control": "no-store", **(headers or {})})
 
 
 def _dump(value: object) -> bytes:

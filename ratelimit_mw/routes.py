@@ -1,28 +1,23 @@
-"""Per-route limits: the ``@limit`` decorator (also a FastAPI dependency), ``@exempt``,
-``@cost``, and path patterns from configuration.
+"""How a user marks routes: the ``@limit`` decorator (also a FastAPI dependency),
+``@exempt``, ``@cost``, path patterns from configuration (``RouteRule``), and the
+``RouteSpec`` the middleware makes of them for each route.
 
-The middleware runs before routing, so it finds a request's endpoint by matching the
-scope against the app's routes itself, once per method and path, and keeps the answer
-in a bounded cache.
+``route_table`` finds a request's route among the app's routes and reads these marks.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from starlette.routing import Match, compile_path
-from starlette.types import ASGIApp, Scope
-
+from .checks import is_token
 from .errors import ConfigError
-from .keys import is_token
-from .policy import Hit, Limit, limits_from
-from .tiers import as_limits
+from .policy import Hit, Limit, as_limits, limits_from
 
-__all__ = ["RouteLimit", "RouteRule", "RouteSpec", "RouteTable", "cost", "exempt", "limit"]
+__all__ = ["RouteLimit", "RouteRule", "RouteSpec", "cost", "exempt", "limit"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _log = logging.getLogger("ratelimit_mw")
@@ -119,6 +114,12 @@ def cost(amount: int) -> Callable[[F], F]:
     return mark
 
 
+def marks_on(target: object) -> tuple[tuple[RouteLimit, ...], bool, int | None]:
+    """The ``@limit`` marks, ``@exempt`` and ``@cost`` (None: unset) on a function or class."""
+    return (getattr(target, _LIMITS, ()), bool(getattr(target, _EXEMPT, False)),
+            getattr(target, _COST, None))
+
+
 _KNOWN_METHODS = frozenset((
     "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT", "QUERY",
     "PROPFIND", "PROPPATCH", "MKCOL", "COPY", "MOVE", "LOCK", "UNLOCK", "REPORT", "SEARCH"))
@@ -184,8 +185,8 @@ def compile_pattern(path: str) -> re.Pattern[str]:
     ``{name:path}`` (Starlette's convertor) anything.
 
     A path holds whatever the client percent-encoded, line feeds included: ``*`` matches
-    them, and a path may end in one, as Starlette's ``^...$`` routes it to the endpoint
-    (else ``/reports%0A`` ran the endpoint past the rule's limits)."""
+    them, and a path may end in one, because Starlette's ``^...$`` routes ``/reports%0A``
+    to the ``/reports`` endpoint, and the rule's limits must apply to it too."""
     out = []
     for token in re.split(r"(\{[^}/]*\}|\*)", path):
         if token == "*" or (token.startswith("{") and token.endswith(":path}")):
@@ -207,356 +208,6 @@ class RouteSpec:
     hits: tuple[Hit, ...] = ()
     shadow: tuple[Hit, ...] = ()
 
-    @property
-    def limited(self) -> bool:
-        return bool(self.hits) or self.cost != 1
-
 
 NO_ROUTE = RouteSpec()
 EXEMPT = RouteSpec(exempt=True)
-
-
-def _spec(label: str, marks: Iterable[RouteLimit], rules: Iterable[RouteRule],
-          is_exempt: bool, route_cost: int | None, methods: str = "") -> RouteSpec:
-    """Fold decorator marks and matching rules into one spec. The counters of a mark
-    are the endpoint's own: its path and ``methods`` (``GET,HEAD``), so that a GET and
-    a POST endpoint at one path, marked alike, do not count on one counter."""
-    hits: list[Hit] = []
-    shadow: list[Hit] = []
-    costs = [route_cost] if route_cost is not None else []
-    scope = f"{methods} {label}" if methods else label
-    for mark in marks:
-        for lim in mark.limits:
-            hit = Hit(lim, mark.cost, scope)
-            hits.append(hit)
-            if mark.shadow:
-                shadow.append(hit)
-    for rule in rules:
-        is_exempt = is_exempt or rule.exempt
-        if rule.cost != 1:
-            costs.append(rule.cost)
-        for rule_limit in rule.limits:
-            hit = Hit(rule_limit, 1, rule.scope)
-            hits.append(hit)
-            if rule.shadow:
-                shadow.append(hit)
-    if is_exempt:
-        return EXEMPT
-    if not hits and not costs:
-        return NO_ROUTE
-    return RouteSpec(label, False, max(costs, default=1), tuple(hits), tuple(shadow))
-
-
-_HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE")
-
-
-def _handler(endpoint: Any, method: str) -> Any:
-    """The method of an ``HTTPEndpoint`` class that answers ``method`` (HEAD: ``get``,
-    unless it has a ``head``, as Starlette does), or None."""
-    if not isinstance(endpoint, type):
-        return None
-    handler = getattr(endpoint, method.lower(), None)
-    if handler is None and method == "HEAD":
-        handler = getattr(endpoint, "get", None)
-    return handler
-
-
-def _methods(route: Any, method: str) -> str:
-    """The methods a route's own counters belong to: the route's, or for an endpoint
-    class (which declares none) the one its handler answers (HEAD: GET's, unless the
-    class has a ``head``)."""
-    methods = getattr(route, "methods", None)
-    if methods:
-        return ",".join(sorted(methods))
-    endpoint = getattr(route, "endpoint", None)
-    if method == "HEAD" and getattr(endpoint, "head", None) is None:
-        return "GET"
-    return method
-
-
-def _route_methods(route: Any) -> list[str]:
-    """The methods a route answers, for the start-up checks."""
-    methods = getattr(route, "methods", None)
-    if methods:
-        return sorted(methods)
-    endpoint = getattr(route, "endpoint", None)
-    if isinstance(endpoint, type):
-        return [m for m in _HTTP_METHODS if getattr(endpoint, m.lower(), None) is not None]
-    return ["GET"]
-
-
-def _endpoint_marks(route: Any, method: str) -> tuple[list[RouteLimit], bool, int | None]:
-    """The ``@limit`` marks, exemption and cost set on a route's endpoint or dependencies."""
-    endpoint = getattr(route, "endpoint", None)
-    targets = [endpoint]
-    handler = _handler(endpoint, method)
-    if handler is not None:
-        targets.append(handler)  # a method of an HTTPEndpoint class
-    marks: list[RouteLimit] = []
-    is_exempt = False
-    route_cost = None
-    for target in targets:
-        marks.extend(getattr(target, _LIMITS, ()))
-        is_exempt = is_exempt or bool(getattr(target, _EXEMPT, False))
-        route_cost = getattr(target, _COST, route_cost)
-    marks.extend(_dependency_marks(getattr(route, "dependant", None)))
-    return marks, is_exempt, route_cost
-
-
-def _dependency_marks(dependant: Any, depth: int = 0) -> Iterator[RouteLimit]:
-    """``RouteLimit`` objects used as FastAPI dependencies, at any depth."""
-    if dependant is None or depth > 20:
-        return
-    for sub in getattr(dependant, "dependencies", ()):
-        if isinstance(sub.call, RouteLimit):
-            yield sub.call
-        yield from _dependency_marks(sub, depth + 1)
-
-
-def find_router(app: Any) -> Any:
-    """The router under a stack of middleware (``.app`` links), or None."""
-    for _ in range(50):
-        if app is None:
-            return None
-        if hasattr(app, "routes"):
-            return app
-        app = getattr(app, "app", None)
-    return None
-
-
-def _segment(route: Any) -> str:
-    """What a route adds to its children's labels: its path, or for a ``Host`` route
-    its host (``//api.example.com``), so that hosts keep counters of their own."""
-    path = getattr(route, "path", None)
-    if isinstance(path, str):
-        return path
-    host = getattr(route, "host", None)
-    return f"//{host}" if isinstance(host, str) else ""
-
-
-def _children(route: Any) -> list[Any] | None:
-    """The routes under a mount, a host or a router FastAPI includes (newer FastAPI
-    keeps an included router as one route: its routes, prefixed, are its effective
-    route contexts, each matched and marked like a route); None for a leaf."""
-    contexts = getattr(route, "effective_route_contexts", None)
-    if callable(contexts):
-        return [getattr(c, "starlette_route", None) or c for c in contexts()]
-    children = getattr(route, "routes", None)
-    return list(children) if children is not None else None
-
-
-def walk_routes(
-    routes: Iterable[Any], prefix: str = "", depth: int = 0,
-) -> Iterator[tuple[str, Any]]:
-    """Every leaf route with its full path, through mounts, hosts and included routers."""
-    for route in routes:
-        path = prefix + _segment(route)
-        children = _children(route)
-        if children is not None and depth < 10:
-            yield from walk_routes(children, path, depth + 1)
-        else:
-            yield path, route
-
-
-def has_hosts(routes: Iterable[Any], depth: int = 0) -> bool:
-    """True when some route is matched on the Host header."""
-    for route in routes:
-        if isinstance(getattr(route, "host", None), str):
-            return True
-        children = _children(route)
-        if children is not None and depth < 10 and has_hosts(children, depth + 1):
-            return True
-    return False
-
-
-def route_path(scope: Scope) -> str:
-    """The path the app routes on: ``scope["path"]`` without the ``root_path`` that a
-    server (``--root-path``) or a mount puts in front of it, as Starlette routes."""
-    path: str = scope["path"]
-    root = scope.get("root_path", "")
-    if root and path.startswith(root) and path[len(root):len(root) + 1] in ("", "/"):
-        return path[len(root):] or "/"
-    return path
-
-
-class RouteTable:
-    """Resolves a request to its ``RouteSpec``: app routes, configured rules, exempt paths."""
-
-    __slots__ = ("_hosts", "_router", "cache", "cache_size", "exempt_rules", "rules", "seen")
-
-    def __init__(self, app: ASGIApp | None, rules: Sequence[RouteRule] = (),
-                 exempt_paths: Iterable[str] = (), *, cache_size: int = 4096) -> None:
-        self.rules = tuple(rules)
-        self.exempt_rules = tuple(RouteRule(p, exempt=True) for p in exempt_paths)
-        self.cache_size = cache_size
-        self._router = find_router(app)
-        self._hosts = self._router is not None and has_hosts(self._router.routes)
-        self.seen: dict[tuple[str, ...], RouteSpec] = {}
-        """(method, path) → spec (with the Host header too when the app routes on it),
-        for the requests seen (the oldest dropped when full)."""
-        self.cache: dict[tuple[str, ...], RouteSpec] = {} if self._hosts else self.seen
-        """What may be looked up by (method, path) alone: ``seen``, unless the app routes
-        on the Host header (then always empty)."""
-
-    def known_specs(self) -> Iterator[RouteSpec]:
-        """The specs of every route the app declares and every rule (start-up checks)."""
-        for rule in self.rules:
-            yield _spec(f"{rule.path}", (), (rule,), False, None)
-        if self._router is None:
-            return
-        for path, route in walk_routes(self._router.routes):
-            for method in _route_methods(route):
-                marks, is_exempt, route_cost = _endpoint_marks(route, method)
-                yield _spec(path, marks, (), is_exempt, route_cost, _methods(route, method))
-
-    def unreachable(self) -> list[str]:
-        """The rules' and exempt paths' patterns that no route of the app can match (a
-        typo, a trailing slash the routes don't have): named in a start-up warning.
-        Lenient where it can't tell: a pattern is only named when it surely misses."""
-        rules = (*self.rules, *self.exempt_rules)
-        router = self._router
-        # Routes it can't see (FastAPI's frontend routes), or a default app that answers
-        # what no route does: no judging.
-        if router is None or not rules or _has_frontend(router) or _answers_anything(router):
-            return []
-        shapes: list[_Shape] = []
-        for path, below in _shapes(router.routes):
-            if below is None:
-                return []
-            shapes.append(_Shape(path, below))
-        if not shapes:
-            return []
-        return [rule.path for rule in rules if not any(shape.could_match(rule)
-                                                        for shape in shapes)]
-
-    def resolve(self, scope: Scope) -> RouteSpec:
-        """The spec of this request's route (cached per method and path)."""
-        slot: tuple[str, ...] = (scope["method"], scope["path"])
-        if self._hosts:
-            slot = (*slot, _host(scope))
-        spec = self.seen.get(slot)
-        if spec is None:
-            spec = self._resolve(scope, scope["method"], route_path(scope))
-            seen = self.seen
-            if len(seen) >= self.cache_size:
-                del seen[next(iter(seen))]
-            seen[slot] = spec
-        return spec
-
-    def _resolve(self, scope: Scope, method: str, path: str) -> RouteSpec:
-        if any(rule.matches(method, path) for rule in self.exempt_rules):
-            return EXEMPT
-        rules = [rule for rule in self.rules if rule.matches(method, path)]
-        router = self._router if self._router is not None else find_router(scope.get("app"))
-        found = _match(router.routes, scope, "") if router is not None else None
-        if found is None:
-            return _spec(path, (), rules, False, None) if rules else NO_ROUTE
-        label, route = found
-        marks, is_exempt, route_cost = _endpoint_marks(route, method)
-        return _spec(label, marks, rules, is_exempt, route_cost, _methods(route, method))
-
-
-def _segments_fit(rule: str, route: str) -> bool:
-    """Whether a path could match both patterns, segment by segment: equal, or a
-    parameter on either side (and anything where either spans segments)."""
-    if "*" in rule or ":path}" in route:
-        return True
-    left, right = rule.split("/"), route.split("/")
-    return len(left) == len(right) and all(
-        a == b or "{" in a or "{" in b for a, b in zip(left, right, strict=True))
-
-
-def _has_frontend(router: Any) -> bool:
-    """True when FastAPI keeps frontend routes on ``router``, apart from its routes."""
-    return bool(getattr(router, "_low_priority_routes", None))
-
-
-def _answers_anything(router: Any) -> bool:
-    """True when the router's ``default`` is an app of its own, not Starlette's 404."""
-    default = getattr(router, "default", None)
-    own = getattr(type(router), "not_found", None)
-    return default is not None and getattr(default, "__func__", None) is not own
-
-
-def _shapes(routes: Iterable[Any], prefix: str = "", depth: int = 0,
-            ) -> Iterator[tuple[str, bool | None]]:
-    """``(path template, below)`` of every route; ``below``: a mount of an app that has
-    no routes of its own, which answers any path below it; None: a router with routes
-    it keeps apart (FastAPI's low-priority frontend routes)."""
-    for route in routes:
-        if _has_frontend(route) or _has_frontend(getattr(route, "original_router", None)):
-            yield prefix, None
-        own = getattr(route, "path", "")
-        path = prefix + (own if isinstance(own, str) else "")
-        children = _children(route)
-        inner = find_router(getattr(route, "app", None))
-        if children and depth < 10 and not (inner is not None and _answers_anything(inner)):
-            yield from _shapes(children, path, depth + 1)
-        else:
-            # A leaf, or a mount that answers any path below it: of an app without
-            # routes, or of a router with a default app of its own.
-            yield path, children is not None
-
-
-_PARAM = re.compile(r"\{[^}]*\}|\*")
-
-
-class _Shape:
-    """A route's path template, made ready to be compared with rule patterns."""
-
-    __slots__ = ("below", "literal", "path", "regex", "sample")
-
-    def __init__(self, path: str, below: bool) -> None:
-        self.path = path
-        self.below = below
-        self.sample = _PARAM.sub("x", path)  # a path the route matches
-        self.literal = _PARAM.split(path, 1)[0]  # the start every path it matches has
-        try:
-            self.regex: re.Pattern[str] | None = compile_path(path)[0]
-        except (AssertionError, ValueError):  # not a path Starlette would take
-            self.regex = None
-
-    def could_match(self, rule: RouteRule) -> bool:
-        """Whether some request could match both ``rule`` and this route."""
-        literal = _PARAM.split(rule.path, 1)[0]
-        if not (literal.startswith(self.literal) or self.literal.startswith(literal)):
-            return False  # the fixed starts differ
-        sample = _PARAM.sub("x", rule.path)  # a path the rule matches
-        if self.below:
-            root = self.path.rstrip("/")
-            return sample == root or sample.startswith(root + "/") or bool(
-                rule.pattern.fullmatch(root + "/x"))
-        if self.regex is None or rule.pattern.fullmatch(self.sample) or self.regex.match(sample):
-            return True
-        # Both have parameters: a literal of one may fit a parameter of the other.
-        return _segments_fit(rule.path, self.path)
-
-
-def _host(scope: Scope) -> str:
-    for name, value in scope.get("headers", ()):
-        if name == b"host":
-            return str(value, "latin-1")
-    return ""
-
-
-def _match(
-    routes: Iterable[Any], scope: Scope, prefix: str, depth: int = 0,
-) -> tuple[str, Any] | None:
-    """The route that will handle ``scope``, or None. Only a full match counts: for a
-    method the route does not take (a CORS preflight, a 405) its endpoint never runs,
-    so its own limits are not charged."""
-    for route in routes:
-        try:
-            match, child = route.matches(scope)
-        except Exception:  # a custom route that can't match this scope is not a 500
-            continue
-        if match is not Match.FULL:
-            continue
-        path = prefix + _segment(route)
-        children = _children(route)
-        if children is None or depth >= 10:
-            return path, route
-        found = _match(children, {**scope, **child}, path, depth + 1)
-        if found is not None:
-            return found
-    return None

@@ -55,10 +55,11 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from .checks import header_name, positive_seconds
+from .client_ip import TrustedProxies, check_forwarded_header
 from .errors import ConfigError
-from .failure import FailureMode, check_mode, positive_seconds
+from .failure import FailureMode, check_mode
 from .headers import parse_header_style
-from .keys import TrustedProxies, check_forwarded_header, header_name
 from .policy import Limit
 from .responses import check_format
 from .routes import RouteRule
@@ -141,9 +142,6 @@ class RouteConfig(_Strict):
 _warned_variables: set[str] = set()
 
 
-_OWN_TOOLS = "RATELIMIT_MW_"  # the project's own scripts' (RATELIMIT_MW_BUILDS …)
-
-
 def _warn_unknown_variables(fields: Iterable[str]) -> None:
     """Warn, once each, of ``RATELIMIT_*`` environment variables that set nothing (a
     typo would otherwise leave its setting at the default without a word). A warning,
@@ -151,8 +149,8 @@ def _warn_unknown_variables(fields: Iterable[str]) -> None:
     known = {f"RATELIMIT_{name.upper()}" for name in fields}
     for variable in os.environ:
         name = variable.upper()
-        if (name.startswith("RATELIMIT_") and not name.startswith(_OWN_TOOLS)
-                and name not in known and name not in _warned_variables):
+        if (name.startswith("RATELIMIT_") and name not in known
+                and name not in _warned_variables):
             _warned_variables.add(name)
             close = difflib.get_close_matches(name, sorted(known), n=1)
             _log.warning("ratelimit_mw: the environment variable %s sets nothing%s", variable,

@@ -8,35 +8,18 @@ from dataclasses import dataclass, field
 
 from starlette.types import Scope
 
+from .asgi import first_header_value
+from .checks import header_name
+from .client_ip import TrustedProxies
 from .errors import ConfigError
-from .keys import TrustedProxies, first_header_value, header_name
-from .policy import Hit, Limit, limits_from
+from .policy import Hit, Limit, as_limits
 
-__all__ = ["Tier", "TierByAPIKey", "TierFromHeader", "TierResolver", "TierTable", "as_limits"]
+__all__ = ["Tier", "TierByAPIKey", "TierFromHeader", "TierResolver", "TierTable"]
 
 TierResolver = Callable[[Scope], "str | Awaitable[str | None] | None"]
 """Picks a tier name for a request (``None``: the default tier); may be async."""
 
 _log = logging.getLogger("ratelimit_mw")
-
-
-def as_limits(value: object) -> tuple[Limit, ...]:
-    """Limits from ``"10/minute; 1000/day"``, a Limit, or a sequence of both."""
-    if isinstance(value, Limit):
-        if value.algorithm == "concurrency":
-            msg = (f"{value} limits requests in flight: give the tier concurrency= "
-                   f"(the lease is the concurrency_lease setting) instead of a limit")
-            raise ConfigError(msg)
-        return (value,)
-    if isinstance(value, str):
-        return tuple(limits_from(value))
-    if isinstance(value, Iterable):
-        out: list[Limit] = []
-        for item in value:
-            out.extend(as_limits(item))
-        return tuple(out)
-    msg = f"expected limits as a rate string, a Limit or a list of them, got {value!r}"
-    raise ConfigError(msg)
 
 
 @dataclass(frozen=True, slots=True)

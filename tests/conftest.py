@@ -105,6 +105,13 @@ class FakeClock:
         return f"FakeClock(now={self.now!r})"
 
 
+def on_clock(storage: RedisStorage, clock: Callable[[], float] | None) -> RedisStorage:
+    """``storage`` deciding on ``clock`` instead of Redis's own (None: Redis's), so that
+    memory and Redis can run on one simulated time."""
+    storage._clock = clock
+    return storage
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
@@ -138,7 +145,7 @@ async def make_storage(
         prefix = request.getfixturevalue("redis_prefix")
 
         def factory(clock: Callable[[], float] | None = None, **options: object) -> Storage:
-            storage = RedisStorage.from_url(url, prefix=prefix, clock=clock, **options)  # type: ignore[arg-type]
+            storage = on_clock(RedisStorage.from_url(url, prefix=prefix, **options), clock)  # type: ignore[arg-type]
             made.append(storage)
             return storage
     yield factory

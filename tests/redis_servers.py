@@ -422,7 +422,8 @@ async def storage_factory(url: str) -> AsyncIterator[StorageFactory]:
     made: list[Storage] = []
 
     def factory(clock: Callable[[], float] | None = None, **options: Any) -> Storage:
-        storage = storage_from_url(url, prefix=prefix, clock=clock, **options)
+        storage = storage_from_url(url, prefix=prefix, **options)
+        storage._clock = clock  # type: ignore[attr-defined]  # see tests.conftest.on_clock
         made.append(storage)
         return storage
 

@@ -1,6 +1,6 @@
 """The build under test: the sources, or the compiled wheel of ``scripts/compile``.
 
-``scripts/test`` runs the suite twice, the second time with ``RATELIMIT_MW_BUILD=compiled``
+``scripts/test`` runs the suite twice, the second time with ``TEST_BUILD=compiled``
 and ``build/compiled`` first on the path; these tests make sure that run really imports
 the compiled modules (and the first one the sources), and that what users may subclass
 still can be.
@@ -21,7 +21,7 @@ from ratelimit_mw import MemoryStorage, RateLimitMiddleware, Tier
 from ratelimit_mw.headers import HeaderFormat
 
 ROOT = Path(__file__).resolve().parent.parent
-BUILD = os.environ.get("RATELIMIT_MW_BUILD", "source")
+BUILD = os.environ.get("TEST_BUILD", "source")
 
 
 def compiled_modules() -> list[str]:
@@ -48,7 +48,7 @@ def test_the_build_hook_names_existing_modules() -> None:
 
 @pytest.mark.parametrize("name", compiled_modules())
 def test_the_run_imports_the_build_it_names(name: str) -> None:
-    """RATELIMIT_MW_BUILD=compiled: each compiled module is an extension module; else
+    """TEST_BUILD=compiled: each compiled module is an extension module; else
     the sources."""
     module = importlib.import_module(name)
     compiled = isinstance(module.__loader__, importlib.machinery.ExtensionFileLoader)

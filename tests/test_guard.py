@@ -16,8 +16,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
 from ratelimit_mw.breaker import CircuitBreaker, CircuitOpenError, CircuitState
+from ratelimit_mw.breaker.guard import BreakerGuard, breaker_dependency, unavailable_response
 from ratelimit_mw.errors import ConfigError
-from ratelimit_mw.guard import BreakerGuard, breaker_dependency, unavailable_response
 from tests.conftest import FakeClock
 
 COOLDOWN = 30.0
@@ -274,7 +274,7 @@ async def test_a_refusal_inside_is_not_the_outer_guards_failure(
     """An app-wide guard around a route whose own breaker refuses (breaker_dependency's
     503, an inner guard's 503, a CircuitOpenError raised through call()): nothing was
     tried, so the app's breaker counts nothing and the app's other routes stay up."""
-    from ratelimit_mw.guard import circuit_open_handler
+    from ratelimit_mw.breaker.guard import circuit_open_handler
 
     db = CircuitBreaker(name="inner-db", window_size=2, minimum_calls=2, cooldown=60,
                         clock=clock)

@@ -6,7 +6,8 @@ Use it around a flaky dependency (``await breaker.call(fn)``, ``@breaker``,
 """
 
 from ._breaker import Permit
+from ._gate import Gate
 from ._public import CircuitBreaker
 from ._state import CircuitOpenError, CircuitState
 
-__all__ = ["CircuitBreaker", "CircuitOpenError", "CircuitState", "Permit"]
+__all__ = ["CircuitBreaker", "CircuitOpenError", "CircuitState", "Gate", "Permit"]

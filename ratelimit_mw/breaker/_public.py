@@ -115,8 +115,8 @@ class CircuitBreaker(BreakerCore):
     timed transitions happen when the breaker is next used or its ``state`` read.
     """
 
-    # The arguments are checked here, in Python: compiled, typed parameters would refuse
-    # a bad value with a TypeError that names neither the argument nor the value.
+    # The arguments are checked here, in Python, before the compiled core sees them (see
+    # ``ratelimit_mw.checks``).
     __slots__ = ()
 
     def __init__(

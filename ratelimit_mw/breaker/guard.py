@@ -16,9 +16,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .breaker import CircuitBreaker, CircuitOpenError, CircuitState, Permit
-from .breaker._state import refusal_in
-from .errors import ConfigError
+from ..errors import ConfigError
+from ..responses import error_body
+from ._breaker import Permit
+from ._public import CircuitBreaker
+from ._state import CircuitOpenError, CircuitState, refusal_in
 
 __all__ = ["BreakerGuard", "breaker_dependency", "circuit_open_handler", "unavailable_response"]
 
@@ -49,13 +51,8 @@ def _body(error: CircuitOpenError) -> tuple[dict[str, object], dict[str, str]]:
         message = f"A service this endpoint depends on is failing; retry in {seconds}s."
     else:
         message = "A service this endpoint depends on is recovering; retry in a second."
-    content: dict[str, object] = {
-        "error": "service_unavailable",
-        "message": message,
-        "retry_after_seconds": seconds,
-        "circuit": error.name,
-        "circuit_state": str(error.state),
-    }
+    content = error_body("service_unavailable", message, retry_after_seconds=seconds,
+                         circuit=error.name, circuit_state=str(error.state))
     return content, {"Retry-After": str(seconds), "Cache-Control": "no-store"}
 
 

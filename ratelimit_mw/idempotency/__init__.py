@@ -19,7 +19,7 @@ from __future__ import annotations
 from .fingerprint import fingerprint, record_key
 from .header import MAX_KEY_LENGTH, InvalidKeyError, parse_idempotency_key
 from .memory import MemoryIdempotencyStore
-from .middleware import IdempotencyMiddleware, IdentityFunc, default_identity
+from .middleware import IdempotencyMiddleware, IdentityFunc
 from .redis import RedisIdempotencyStore
 from .store import Claim, ClaimOutcome, IdempotencyStore, StoredResponse
 
@@ -34,7 +34,6 @@ __all__ = [
     "MemoryIdempotencyStore",
     "RedisIdempotencyStore",
     "StoredResponse",
-    "default_identity",
     "fingerprint",
     "parse_idempotency_key",
     "record_key",

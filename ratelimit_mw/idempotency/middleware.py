@@ -15,14 +15,18 @@ import anyio
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..checks import header_name, positive_seconds
+from ..client_ip import ClientIP
 from ..errors import ConfigError, StorageError
-from ..failure import positive_seconds
+from ..identity import credentials
+from ..limiter import limiter_of
+from ..responses import error_response
 from .fingerprint import fingerprint, record_key
 from .header import InvalidKeyError, parse_idempotency_key
 from .memory import MemoryIdempotencyStore
 from .store import IdempotencyStore, StoredResponse
 
-__all__ = ["IdempotencyMiddleware", "IdentityFunc", "default_identity"]
+__all__ = ["IdempotencyMiddleware", "IdentityFunc"]
 
 IdentityFunc = Callable[[Scope], "str | Awaitable[str | None] | None"]
 
@@ -37,23 +41,13 @@ _RETRY_LATER = frozenset({408, 425, 429})
 _STORE_RETRY_DELAYS = (0.05, 0.25)
 
 
-def default_identity(scope: Scope) -> str:
-    """The caller: its ``X-API-Key`` header if any, else its IP address."""
-    keys = [value for name, value in scope["headers"] if name == b"x-api-key"]
-    if keys:
-        return "api-key:" + b",".join(keys).decode("latin-1")
-    client = scope.get("client")
-    return f"ip:{client[0]}" if client else "anonymous"
-
-
 class _BodyTooLargeError(Exception):
     """The request body is over ``max_request_size``."""
 
 
 def _answer(status: int, error: str, message: str, **headers: str) -> JSONResponse:
     """One of the middleware's own answers; they are never stored."""
-    headers["Cache-Control"] = "no-store"
-    return JSONResponse({"error": error, "message": message}, status_code=status, headers=headers)
+    return error_response(status, error, message, headers=headers)
 
 
 def _size(name: str, value: object) -> int:
@@ -66,10 +60,15 @@ def _size(name: str, value: object) -> int:
 class IdempotencyMiddleware:
     """Run each POST/PATCH with an ``Idempotency-Key`` once; replay its response after.
 
-    The key is scoped to the caller (``identity(scope)``: by default the
-    ``X-API-Key`` header, else the client IP; ``None`` turns idempotency off for
-    that request) and paired with a SHA-256 fingerprint of method, path, query
-    and body. Then, for the same caller and key:
+    The key is scoped to the caller, and paired with a SHA-256 fingerprint of
+    method, path, query and body. By default the caller is who the rate limiter
+    resolved (when ``RateLimitMiddleware`` runs in front of this one) sending the
+    same credentials: a digest of every ``Authorization`` and ``api_key_header``
+    value, or of the ``Cookie`` header when it has neither; a request with no
+    credential is known by its client IP (behind ``trusted_proxies``). Two
+    requests that differ in any credential never share a record. ``identity(scope)``
+    replaces all of this (``None`` turns idempotency off for that request). Then,
+    for the same caller and key:
 
     - first request: it runs, and its complete response (status < 500, one body
       chunk of at most ``max_response_size`` bytes) is kept for ``ttl`` seconds;
@@ -107,6 +106,8 @@ class IdempotencyMiddleware:
     """
 
     __slots__ = (
+        "_api_key_header",
+        "_client_ip",
         "_identity",
         "_required",
         "app",
@@ -128,7 +129,9 @@ class IdempotencyMiddleware:
         lock_ttl: float = 60.0,
         methods: Iterable[str] = ("POST", "PATCH"),
         required: Iterable[str] = (),
-        identity: IdentityFunc = default_identity,
+        identity: IdentityFunc | None = None,
+        api_key_header: str = "x-api-key",
+        trusted_proxies: Iterable[str] = (),
         max_request_size: int = _MiB,
         max_response_size: int = _MiB,
         fail_open: bool = False,
@@ -136,7 +139,7 @@ class IdempotencyMiddleware:
         if store is not None and not isinstance(store, IdempotencyStore):
             msg = f"store must be an IdempotencyStore, got {store!r}"
             raise ConfigError(msg)
-        if not callable(identity):
+        if identity is not None and not callable(identity):
             msg = f"identity must be a callable taking the ASGI scope, got {identity!r}"
             raise ConfigError(msg)
         if isinstance(methods, str):
@@ -156,6 +159,8 @@ class IdempotencyMiddleware:
         self.max_response_size = _size("max_response_size", max_response_size)
         self.fail_open = fail_open
         self._identity = identity
+        self._api_key_header = header_name(api_key_header, "api_key_header").encode("latin-1")
+        self._client_ip = ClientIP(trusted_proxies)
         self._required = [self._required_rule(rule) for rule in required]
 
     def _required_rule(self, rule: str) -> tuple[frozenset[str], re.Pattern[str]]:
@@ -194,13 +199,26 @@ class IdempotencyMiddleware:
             await _answer(400, "idempotency_key_invalid", str(exc))(scope, receive, send)
             return
 
-        identity = self._identity(scope)
-        if inspect.isawaitable(identity):
-            identity = await identity
-        if identity is None:
+        owner = await self._owner(scope)
+        if owner is None:
             await self.app(scope, receive, send)
             return
-        await self._keyed(scope, receive, send, record_key(str(identity), key))
+        await self._keyed(scope, receive, send, record_key(owner, key))
+
+    async def _owner(self, scope: Scope) -> str | None:
+        """Whose records this request may share (None: no idempotency for it)."""
+        if self._identity is not None:
+            owner = self._identity(scope)
+            if inspect.isawaitable(owner):
+                owner = await owner
+            return None if owner is None else str(owner)
+        limiter = limiter_of(scope)
+        if limiter is None:
+            return credentials(scope, self._api_key_header) or self._client_ip(scope)
+        identity = limiter.identity
+        sent = credentials(scope, identity.api_key_header) or identity.client_ip(scope)
+        caller = await identity.key_of(scope)
+        return sent if caller is None else f"{caller} {sent}"
 
     async def _keyed(self, scope: Scope, receive: Receive, send: Send, record: str) -> None:
         """Handle a request that carries a valid key, kept under ``record``."""

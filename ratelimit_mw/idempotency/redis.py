@@ -16,11 +16,12 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
-from ..breaker import CircuitBreaker
+from ..breaker import CircuitBreaker, Gate
+from ..checks import positive_seconds
 from ..errors import ConfigError, StorageError
-from ..failure import Gate, positive_seconds
-from ..storage.cluster import CLUSTER_SCHEMES, cluster_client_from_url, redacted
+from ..storage.cluster import CLUSTER_SCHEMES, cluster_client_from_url
 from ..storage.sentinel import SENTINEL_SCHEMES, sentinel_client_from_url
+from ..storage.urls import redacted
 from .store import Claim, IdempotencyStore, StoredResponse
 
 __all__ = ["DEFAULT_RECOVERY_INTERVAL", "DEFAULT_TIMEOUT", "RedisIdempotencyStore", "script_source"]

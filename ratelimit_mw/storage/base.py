@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, NamedTuple
 
-from ..decision import Lease, Verdict, decision_from
+from ..decision import Lease, Verdict
 from ..errors import ConfigError
 from ..policy import Hit
 from ..rates import MAX_AMOUNT
 
-__all__ = ["BUCKET_SECONDS", "Granularity", "MergedHits", "Storage", "UsageRetention",
-           "decision_from", "merge_hits"]
+__all__ = ["BUCKET_SECONDS", "Granularity", "Storage", "UsageRetention"]
 
 Granularity = Literal["hour", "day"]
 BUCKET_SECONDS: dict[Granularity, int] = {"hour": 3600, "day": 86400}
@@ -61,7 +61,23 @@ class Storage(ABC):
     ``key`` is the identity the limits count for (a client IP, an API key, a user);
     every hit of one call is stored under that identity, which on Redis means one
     hash slot, so the same call works on Redis Cluster.
+
+    Beyond the abstract methods, a storage may offer fast paths, each with a default
+    that any storage can rely on: ``decide_now`` (a verdict without awaiting),
+    ``decide_within`` (a timeout kept more cheaply than a timer per call) and
+    ``release_now`` (slots given back without awaiting). A subclass that overrides
+    ``decide`` or ``release`` but not their fast paths gets the defaults back, so its
+    override is what runs.
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for method, fast_paths in _FAST_PATHS.items():
+            if method in cls.__dict__:
+                for fast in fast_paths:
+                    default = getattr(Storage, fast)
+                    if fast not in cls.__dict__ and getattr(cls, fast) is not default:
+                        setattr(cls, fast, default)
 
     @abstractmethod
     async def decide(self, key: str, hits: Sequence[Hit], *, usage: int = 0) -> Verdict:
@@ -72,6 +88,21 @@ class Storage(ABC):
         request also adds that many to the hourly and daily usage history, in the same
         atomic call.
         """
+
+    def decide_now(self, key: str, hits: Sequence[Hit], usage: int = 0) -> Verdict | None:
+        """The verdict of ``decide``, given without awaiting by a storage that can (one
+        in this process); None, the default, to await ``decide``. The middleware passes
+        ``usage`` by position: a keyword costs a parse per request."""
+        return None
+
+    async def decide_within(
+        self, timeout: float, key: str, hits: Sequence[Hit], *, usage: int = 0,
+    ) -> Verdict:
+        """``decide``, given up after ``timeout`` seconds (``TimeoutError``, or a
+        ``StorageError``). The default arms a timer per call; a storage that bounds
+        its calls more cheaply overrides it."""
+        async with asyncio.timeout(timeout):
+            return await self.decide(key, hits, usage=usage)
 
     async def peek(self, key: str, hits: Sequence[Hit]) -> Verdict:
         """Look at the limits without consuming anything (for quota reports)."""
@@ -86,6 +117,16 @@ class Storage(ABC):
     @abstractmethod
     async def release(self, leases: Sequence[Lease]) -> None:
         """Give concurrency slots back (at the end of the request that took them)."""
+
+    def release_now(
+        self, leases: Sequence[Lease],
+        on_failure: Callable[[Sequence[Lease], BaseException], None],
+    ) -> bool:
+        """Give ``leases`` back without awaiting, if this storage can: True when they are
+        back, or on their way ahead of any later decision of this storage (a failure
+        that comes later goes to ``on_failure(leases, error)``); False, the default, to
+        await ``release``."""
+        return False
 
     @abstractmethod
     async def usage(
@@ -112,46 +153,11 @@ class Storage(ABC):
         await self.close()
 
 
-class MergedHits(tuple[Hit, ...]):
-    """Hits already folded by ``merge_hits``: folding them again is free.
-
-    A middleware plan folds its hits once, so the storages skip the check per request.
-    Decisions come back in the order of the merged hits.
-    """
-
-    __slots__ = ()
-
-
 def bad_usage(units: object) -> ConfigError:
     """The error for a ``usage`` outside 0 to ``MAX_AMOUNT`` units, named."""
     return ConfigError(f"usage must be a whole number of units from 0 to {MAX_AMOUNT:_}, "
                        f"got {units!r}")
 
 
-def merge_hits(hits: Sequence[Hit]) -> Sequence[Hit]:
-    """Fold hits on the same counter (same limit and scope) into one, costs added (a
-    concurrency limit's: one slot, whatever the count).
-
-    Two hits on one counter must consume from one state, not overwrite each other.
-    """
-    if type(hits) is MergedHits:
-        return hits
-    count = len(hits)
-    if count < 2:
-        return hits
-    slots = [hit.slot for hit in hits]
-    if count <= 8:  # the usual few limits: pairwise checks beat building a dict
-        if not any(slots[i] in slots[i + 1:] for i in range(count - 1)):
-            return MergedHits(hits)
-    elif len(set(slots)) == count:
-        return MergedHits(hits)
-    merged: dict[tuple[str, str], Hit] = {}
-    for hit in hits:
-        seen = merged.get(hit.slot)
-        if seen is None:
-            merged[hit.slot] = hit
-        elif hit.limit.is_concurrency:  # one request, one slot, however often named
-            merged[hit.slot] = Hit(seen.limit, max(seen.cost, hit.cost), hit.scope)
-        else:
-            merged[hit.slot] = Hit(seen.limit, seen.cost + hit.cost, hit.scope)
-    return MergedHits(merged.values())
+_FAST_PATHS = {"decide": ("decide_now", "decide_within"), "release": ("release_now",)}
+"""The fast paths of each method, which must answer as the method itself would."""

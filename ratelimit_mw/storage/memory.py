@@ -14,7 +14,7 @@ from ..algorithms import run
 from ..algorithms.concurrency import renewed, with_lease, without_lease
 from ..decision import Lease, Verdict, decision_from
 from ..errors import ConfigError
-from ..policy import Hit
+from ..policy import Hit, merge_hits
 from ..rates import MAX_AMOUNT
 from .base import (
     BUCKET_SECONDS,
@@ -23,7 +23,6 @@ from .base import (
     UsageRetention,
     bad_usage,
     bucket_range,
-    merge_hits,
 )
 
 __all__ = ["MemoryStorage"]
@@ -71,8 +70,7 @@ class MemoryStorage(Storage):
         self, *, max_keys: object = 100_000, clock: Callable[[], float] | None = None,
         usage_retention: UsageRetention | Sequence[int] = UsageRetention(),  # noqa: B008
     ) -> None:
-        # max_keys is typed object: the compiled build would reject a float before this
-        # check (with a TypeError that names no argument) and take True for 1.
+        # max_keys typed object: see ``ratelimit_mw.checks``.
         if isinstance(max_keys, bool) or not isinstance(max_keys, int) or max_keys < 1:
             msg = f"max_keys must be a positive integer, got {max_keys!r}"
             raise ConfigError(msg)
@@ -96,10 +94,10 @@ class MemoryStorage(Storage):
         return len(self._keys)
 
     async def decide(self, key: str, hits: Sequence[Hit], *, usage: int = 0) -> Verdict:
-        return self.decide_now(key, hits, usage=usage)
+        return MemoryStorage.decide_now(self, key, hits, usage)
 
-    def decide_now(self, key: str, hits: Sequence[Hit], *, usage: int = 0) -> Verdict:
-        """The synchronous core of ``decide`` (the whole decision, without awaiting)."""
+    def decide_now(self, key: str, hits: Sequence[Hit], usage: int = 0) -> Verdict:
+        """The whole decision, without awaiting: see ``Storage.decide_now``."""
         if usage and not 0 < usage <= MAX_AMOUNT:  # checked before anything is charged
             raise bad_usage(usage)
         now = self._now()
@@ -220,13 +218,17 @@ class MemoryStorage(Storage):
             del keys[oldest]
 
     async def release(self, leases: Sequence[Lease]) -> None:
-        self.release_now(leases)
+        self._release(leases)
+
+    def release_now(
+        self, leases: Sequence[Lease],
+        on_failure: Callable[[Sequence[Lease], BaseException], None],
+    ) -> bool:
+        """Give the slots back at once: see ``Storage.release_now`` (this never fails)."""
+        self._release(leases)
+        return True
 
     async def renew(self, leases: Sequence[Lease], period_us: int) -> None:
-        self.renew_now(leases, period_us)
-
-    def renew_now(self, leases: Sequence[Lease], period_us: int) -> None:
-        """The synchronous core of ``renew``."""
         now = self._now()
         for lease in leases:
             entry = self._keys.get(lease.key)
@@ -242,8 +244,7 @@ class MemoryStorage(Storage):
                 if expires > entry.expires:
                     entry.expires = expires
 
-    def release_now(self, leases: Sequence[Lease]) -> None:
-        """The synchronous core of ``release``."""
+    def _release(self, leases: Sequence[Lease]) -> None:
         for lease in leases:
             entry = self._keys.get(lease.key)
             cell = entry.cells.get((lease.scope, lease.uid)) if entry is not None else None

@@ -8,6 +8,7 @@ import math
 import os
 import secrets
 from collections.abc import Callable, Sequence
+from functools import partial
 from importlib.resources import files
 from typing import Any
 
@@ -16,22 +17,19 @@ from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.commands.core import AsyncScript
 
-from ..decision import Lease, Verdict
+from ..decision import Lease, Verdict, decision_from
 from ..errors import ConfigError, StorageError
-from ..policy import ALGORITHM_NAMES, Hit
+from ..policy import ALGORITHM_NAMES, Hit, MergedHits, merge_hits
 from ..rates import MAX_AMOUNT
 from .base import (
     BUCKET_SECONDS,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_POOL_TIMEOUT,
     Granularity,
-    MergedHits,
     Storage,
     UsageRetention,
     bad_usage,
     bucket_range,
-    decision_from,
-    merge_hits,
 )
 from .keys import check_prefix, counter_suffix, identity_tag, redis_key
 from .pipe import Kind, Pipeline, Slots
@@ -103,7 +101,6 @@ class RedisStorage(Storage):
         client: Redis | Any,
         *,
         prefix: str = "ratelimit:",
-        clock: Callable[[], float] | None = None,
         owns_client: bool = False,
         usage_retention: UsageRetention = UsageRetention(),  # noqa: B008 - immutable
         pipeline: bool | None = None,
@@ -111,7 +108,7 @@ class RedisStorage(Storage):
     ) -> None:
         self.prefix = check_prefix(prefix)
         # Seconds within which each pipelined batch must be answered (None: only the
-        # client's socket timeout bounds it); a caller may ask for less (decide(timeout=)).
+        # client's socket timeout bounds it); a caller may ask for less (decide_within).
         self.timeout = timeout
         # Decisions asked for in the same event-loop tick go out as one pipeline: one
         # write and one read for many requests. Plain Redis only (Cluster routes per key).
@@ -130,9 +127,9 @@ class RedisStorage(Storage):
         self._tags: dict[str, bytes] = {}
         self._client = client
         self._owns_client = owns_client
-        # Tests only: decide on this clock instead of Redis's TIME, so that the
-        # differential tests can drive memory and Redis on the same simulated time.
-        self._clock = clock
+        # Set by the tests alone: a clock (epoch seconds) that decides instead of Redis's
+        # TIME, so that memory and Redis can run on one simulated time.
+        self._clock: Callable[[], float] | None = None
         script = decide_script_source()
         self._script: AsyncScript = client.register_script(script)
         self._renew_script: AsyncScript = client.register_script(_lua("renew"))
@@ -146,15 +143,14 @@ class RedisStorage(Storage):
     @classmethod
     def from_url(
         cls, url: str, *, prefix: str = "ratelimit:", timeout: float | None = None,
-        clock: Callable[[], float] | None = None,
         usage_retention: UsageRetention = UsageRetention(),  # noqa: B008 - immutable
         **options: Any,
     ) -> RedisStorage:
         """Connect lazily to ``redis://`` or ``rediss://``; ``timeout`` bounds each call.
 
         Callers beyond ``max_connections`` (default 100) wait for a free connection
-        (up to ``pool_timeout`` seconds, default 5) instead of failing. ``clock`` is
-        for tests only (see ``__init__``); other options go to redis-py.
+        (up to ``pool_timeout`` seconds, default 5) instead of failing. Other options
+        go to redis-py.
         """
         if timeout is not None:
             options.setdefault("socket_timeout", timeout)
@@ -164,7 +160,7 @@ class RedisStorage(Storage):
         pool = BlockingConnectionPool.from_url(
             url, max_connections=max_connections, timeout=pool_timeout, **options)
         client = Redis.from_pool(pool)
-        return cls(client, prefix=prefix, clock=clock, owns_client=True,
+        return cls(client, prefix=prefix, owns_client=True,
                    usage_retention=usage_retention, timeout=timeout)
 
     @property
@@ -175,13 +171,15 @@ class RedisStorage(Storage):
     def __repr__(self) -> str:
         return f"RedisStorage(prefix={self.prefix!r}, client={self._client!r})"
 
-    async def decide(
-        self, key: str, hits: Sequence[Hit], *, usage: int = 0,
-        timeout: float | None = None,
+    async def decide(self, key: str, hits: Sequence[Hit], *, usage: int = 0) -> Verdict:
+        return await RedisStorage.decide_within(self, None, key, hits, usage=usage)
+
+    async def decide_within(
+        self, timeout: float | None, key: str, hits: Sequence[Hit], *, usage: int = 0,
     ) -> Verdict:
-        """See ``Storage.decide``; with ``timeout``, a decision not answered within that
-        many seconds raises ``StorageError`` (decisions pipelined together share one
-        timer, cheaper than one per call)."""
+        """See ``Storage.decide_within``: a decision not answered within ``timeout``
+        seconds (or the storage's own timeout, if shorter) raises ``StorageError``;
+        decisions pipelined together share one timer."""
         hits = merge_hits(hits)
         if not hits and not usage:
             return Verdict(True, ())
@@ -295,7 +293,7 @@ class RedisStorage(Storage):
         """Give back the slots of an admitted decision whose caller had given up."""
         key, taken, lease_id = slots
         for scope, uid in taken:
-            self._queue_release(Lease(key, scope, uid, lease_id)).add_done_callback(_retrieve)
+            self._queue_release(Lease(key, scope, uid, lease_id)).add_done_callback(_mark_seen)
 
     def _queue_release(self, lease: Lease) -> asyncio.Future[Any]:
         """The ZREM that gives ``lease``'s slot back, queued for the next flush."""
@@ -355,15 +353,21 @@ class RedisStorage(Storage):
             msg = f"redis could not release {len(leases)} slot(s): {_cause(exc)}"
             raise StorageError(msg) from exc
 
-    def give_back(self, leases: Sequence[Lease]) -> asyncio.Future[Any]:
-        """``release`` without waiting for Redis (pipelined storage only): the ZREMs are
+    def release_now(
+        self, leases: Sequence[Lease],
+        on_failure: Callable[[Sequence[Lease], BaseException], None],
+    ) -> bool:
+        """See ``Storage.release_now``: on pipelined Redis with a timeout, the ZREMs are
         written at once, before the caller goes on (to send the end of its response),
         and ahead of every decision this storage makes later (one connection, in
-        order). The future is done when Redis has answered them all; it fails with the
-        first error (the slots then free themselves when their lease ends)."""
+        order); a failure reaches ``on_failure`` when Redis answers or the timeout
+        passes (the slots then free themselves when their lease ends)."""
+        if self._pipeline is None or self.timeout is None:
+            return False
         done = self._queue_releases(leases)
-        self._pipeline.flush(done.get_loop())  # type: ignore[union-attr]
-        return done
+        self._pipeline.flush(done.get_loop())
+        done.add_done_callback(partial(_report_failure, on_failure, leases))
+        return True
 
     async def usage(
         self, key: str, granularity: Granularity, start: float, end: float,
@@ -413,10 +417,20 @@ class RedisStorage(Storage):
             await self._client.aclose()
 
 
-def _retrieve(future: asyncio.Future[Any]) -> None:
+def _mark_seen(future: asyncio.Future[Any]) -> None:
     """Mark a fire-and-forget command's error as seen (its slot frees with its lease)."""
     if not future.cancelled():
         future.exception()
+
+
+def _report_failure(on_failure: Callable[[Sequence[Lease], BaseException], None],
+                    leases: Sequence[Lease], future: asyncio.Future[Any]) -> None:
+    """Hand a failed release's error to ``on_failure``."""
+    if future.cancelled():
+        return
+    exc = future.exception()
+    if exc is not None:
+        on_failure(leases, exc)
 
 
 def _glob_escape(text: str) -> str:

@@ -15,15 +15,9 @@ from redis.asyncio import Redis
 from redis.asyncio.sentinel import Sentinel
 
 from .base import DEFAULT_MAX_CONNECTIONS, DEFAULT_POOL_TIMEOUT, UsageRetention
-from .cluster import (
-    CONNECTION_OPTIONS,
-    ConnectionQueue,
-    bad_url,
-    connection_options,
-    parse_nodes_url,
-    short_retry,
-)
+from .pool import ConnectionQueue, short_retry
 from .redis import RedisStorage
+from .urls import CONNECTION_OPTIONS, bad_url, connection_options, parse_nodes_url
 
 __all__ = ["sentinel_client_from_url", "sentinel_storage_from_url"]
 
@@ -36,7 +30,6 @@ _SENTINEL_OPTIONS: dict[str, Callable[[str], Any]] = {
 
 def sentinel_storage_from_url(
     url: str, *, prefix: str = "ratelimit:", timeout: float | None = None,
-    clock: Callable[[], float] | None = None,
     usage_retention: UsageRetention = UsageRetention(),  # noqa: B008 - immutable
     **options: Any,
 ) -> RedisStorage:
@@ -49,11 +42,11 @@ def sentinel_storage_from_url(
     ``client_name``, ``socket_timeout``, ``socket_connect_timeout``,
     ``max_connections``, ``health_check_interval``. ``timeout`` bounds each call,
     also to the sentinels. Callers beyond ``max_connections`` (default 100) wait
-    for a turn, up to ``pool_timeout`` seconds (default 5). ``clock`` is for tests only;
-    other options go to redis-py (``sentinel_kwargs`` to the sentinels' clients).
+    for a turn, up to ``pool_timeout`` seconds (default 5). Other options go to
+    redis-py (``sentinel_kwargs`` to the sentinels' clients).
     """
     client = sentinel_client_from_url(url, timeout=timeout, **options)
-    return RedisStorage(client, prefix=prefix, clock=clock, owns_client=True,
+    return RedisStorage(client, prefix=prefix, owns_client=True,
                         usage_retention=usage_retention, timeout=timeout)
 
 

@@ -137,7 +137,7 @@ async def test_usage_history_does_not_stop_a_migrating_slots_decisions(
     target.call("CLUSTER", "SETSLOT", slot, "IMPORTING", redis_cluster.node_id(source))
     source.call("CLUSTER", "SETSLOT", slot, "MIGRATING", redis_cluster.node_id(target))
     try:
-        verdict = await outcome(storage.decide("historian", hits, usage=True, timeout=1.0))
+        verdict = await outcome(storage.decide_within(1.0, "historian", hits, usage=True))
         assert isinstance(verdict, Verdict) and verdict.allowed
     finally:
         redis_cluster.finish_moving(slot, target)

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from ratelimit_mw.storage.cluster import ConnectionQueue
+from ratelimit_mw.storage.pool import ConnectionQueue
 
 
 async def test_callers_beyond_the_size_wait_their_turn() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from ratelimit_mw import ConfigError, Hit, Limit, MemoryStorage, RedisStorage, Storage
 from ratelimit_mw.algorithms.calendar_month import month_bounds
-from tests.conftest import FakeClock
+from tests.conftest import FakeClock, on_clock
 
 
 def ts(text: str) -> float:
@@ -55,7 +55,7 @@ async def test_memory_and_redis_agree_across_months(redis_url: str, redis_prefix
     rng = random.Random(7)
     clock = FakeClock(ts("2027-11-30T20:00:00"))
     memory = MemoryStorage(clock=clock)
-    redis_storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, clock=clock)
+    redis_storage = on_clock(RedisStorage.from_url(redis_url, prefix=redis_prefix), clock)
     hits = [Hit(Limit.monthly(5)), Hit(Limit.parse("3/day", "fixed_window"))]
     try:
         for step in range(500):

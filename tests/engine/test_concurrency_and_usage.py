@@ -8,7 +8,7 @@ import pytest
 
 from ratelimit_mw import ConfigError, Hit, Limit, MemoryStorage, RedisStorage, Storage
 from ratelimit_mw.storage.base import UsageRetention
-from tests.conftest import FakeClock, StorageFactory
+from tests.conftest import FakeClock, StorageFactory, on_clock
 
 HOUR, DAY = 3600, 86400
 
@@ -150,7 +150,7 @@ async def test_slots_agree_on_memory_and_redis(
     rng = random.Random(seed)
     clock = FakeClock(1_800_000_000.0)
     memory = MemoryStorage(clock=clock)
-    redis_storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, clock=clock)
+    redis_storage = on_clock(RedisStorage.from_url(redis_url, prefix=redis_prefix), clock)
     slots = Hit(Limit.concurrency(3, lease=2))
     rate = Hit(Limit.parse("20/10 seconds", "sliding_window"))
     held: list[tuple[object, object]] = []

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from ratelimit_mw import ALGORITHM_NAMES, Hit, Limit, MemoryStorage, RedisStorage, Verdict
-from tests.conftest import FakeClock
+from tests.conftest import FakeClock, on_clock
 
 
 def _limits(algorithm: str, rng: random.Random) -> list[Limit]:
@@ -41,7 +41,7 @@ async def test_memory_and_redis_agree_step_by_step(
     rng = random.Random(f"{algorithm}-{seed}")
     clock = FakeClock(1_700_000_000 + rng.random() * 1000)
     memory = MemoryStorage(clock=clock)
-    redis_storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, clock=clock)
+    redis_storage = on_clock(RedisStorage.from_url(redis_url, prefix=redis_prefix), clock)
     names = ALGORITHM_NAMES if algorithm == "mixed" else (algorithm,)
     limits = [limit for name in names for limit in _limits(name, rng)]
     try:
@@ -73,7 +73,7 @@ async def test_memory_and_redis_agree_when_the_clock_steps_back(
     rng = random.Random(f"back-{algorithm}")
     clock = FakeClock(1_700_000_000 + rng.random() * 1000)
     memory = MemoryStorage(clock=clock)
-    redis_storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, clock=clock)
+    redis_storage = on_clock(RedisStorage.from_url(redis_url, prefix=redis_prefix), clock)
     limits = _limits(algorithm, rng)
     try:
         for step in range(400):
@@ -111,7 +111,7 @@ async def test_a_token_bucket_denies_at_once_after_the_clock_stepped_back(
     on Redis a script past the busy limit)."""
     clock = FakeClock(1_700_000_000.0)
     memory = MemoryStorage(clock=clock)
-    redis_storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, clock=clock)
+    redis_storage = on_clock(RedisStorage.from_url(redis_url, prefix=redis_prefix), clock)
     limit = Limit.parse("10/second", "token_bucket")
     try:
         for storage in (memory, redis_storage):
@@ -138,7 +138,7 @@ async def test_a_huge_sliding_window_finds_its_retry_at_once_and_exactly(
     clock = FakeClock(1_700_006_400.0)  # a day boundary
     limit = Limit.parse("1000000000000/day", "sliding_window")
     memory = MemoryStorage(clock=clock)
-    redis_storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, clock=clock)
+    redis_storage = on_clock(RedisStorage.from_url(redis_url, prefix=redis_prefix), clock)
     try:
         for storage in (memory, redis_storage):
             assert (await storage.decide("k", [Hit(limit, 1)])).allowed
@@ -175,7 +175,7 @@ async def test_a_sliding_log_takes_a_large_cost_in_one_call(
     clock = FakeClock(1_700_000_000.0)
     limits = [Limit.parse("100000/hour", "fixed_window"), Limit.parse("20000/hour", "sliding_log")]
     memory = MemoryStorage(clock=clock)
-    redis_storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, clock=clock)
+    redis_storage = on_clock(RedisStorage.from_url(redis_url, prefix=redis_prefix), clock)
     try:
         for _ in range(2):
             expected = _summary(await memory.decide("k", [Hit(limit, cost) for limit in limits]))
@@ -202,7 +202,7 @@ async def test_gcra_counts_fractions_of_a_microsecond_alike(
     rng = random.Random(rate)
     clock = FakeClock(1_700_000_000 + rng.random())
     memory = MemoryStorage(clock=clock)
-    redis_storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, clock=clock)
+    redis_storage = on_clock(RedisStorage.from_url(redis_url, prefix=redis_prefix), clock)
     limit = Limit.parse(rate, "gcra", burst=burst)
     interval = limit.period / limit.amount
     try:
@@ -228,8 +228,8 @@ async def test_gcra_with_coarser_ticks_stays_exact_near_its_capacity(
     for trial in range(30):
         clock = FakeClock(1_700_000_000 + trial * 1000)
         memory = MemoryStorage(clock=clock)
-        redis_storage = RedisStorage.from_url(redis_url, prefix=f"{redis_prefix}{trial}:",
-                                              clock=clock)
+        redis_storage = on_clock(
+            RedisStorage.from_url(redis_url, prefix=f"{redis_prefix}{trial}:"), clock)
         try:
             for storage in (memory, redis_storage):
                 assert (await storage.decide("k", [Hit(limit, limit.capacity)])).allowed
@@ -261,7 +261,7 @@ async def test_gcra_reads_the_state_earlier_versions_wrote(
     from ratelimit_mw.storage.keys import redis_key
 
     clock = FakeClock(1_700_000_000.0)
-    redis_storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, clock=clock)
+    redis_storage = on_clock(RedisStorage.from_url(redis_url, prefix=redis_prefix), clock)
     raw = aioredis.Redis.from_url(redis_url)
     limit = Limit.parse("1/second", "gcra", burst=2)
     try:

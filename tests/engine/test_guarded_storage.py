@@ -1,4 +1,4 @@
-"""StorageGuard's own arguments: a bad one fails at start-up, naming it (compiled too)."""
+"""GuardedStorage's own arguments: a bad one fails at start-up, naming it (compiled too)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 import pytest
 
 from ratelimit_mw import ConfigError, MemoryStorage
-from ratelimit_mw.failure import StorageGuard
+from ratelimit_mw.failure import GuardedStorage
 
 
 @pytest.mark.parametrize(("options", "match"), [
@@ -20,9 +20,9 @@ from ratelimit_mw.failure import StorageGuard
 ])
 def test_bad_arguments_are_config_errors(options: dict[str, object], match: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(match)):
-        StorageGuard(MemoryStorage(), **options)  # type: ignore[arg-type]
+        GuardedStorage(MemoryStorage(), **options)  # type: ignore[arg-type]
 
 
 def test_good_arguments_are_kept() -> None:
-    guard = StorageGuard(MemoryStorage(), mode="Memory", timeout=1, recovery_interval=0.5)
+    guard = GuardedStorage(MemoryStorage(), mode="Memory", timeout=1, recovery_interval=0.5)
     assert (guard.mode, guard.timeout) == ("memory", 1.0) and guard.fallback is not None

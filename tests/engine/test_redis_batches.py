@@ -21,7 +21,7 @@ from starlette.routing import Route
 
 from ratelimit_mw import ConfigError, Hit, Limit, RedisStorage, Storage, StorageError
 from ratelimit_mw.decision import Lease, Verdict
-from ratelimit_mw.failure import StorageGuard
+from ratelimit_mw.failure import GuardedStorage
 from ratelimit_mw.middleware import RateLimitMiddleware
 from ratelimit_mw.storage import redis as redis_storage
 from ratelimit_mw.tiers import Tier
@@ -64,7 +64,7 @@ async def test_a_batch_past_its_deadline_fails_every_waiter() -> None:
         try:
             start = time.monotonic()
             results = await asyncio.gather(
-                *(storage.decide(f"k{i}", [HIT], timeout=0.1) for i in range(5)),
+                *(storage.decide_within(0.1, f"k{i}", [HIT]) for i in range(5)),
                 return_exceptions=True)
             assert time.monotonic() - start < 0.5
             assert all(isinstance(r, StorageError) for r in results), results
@@ -81,7 +81,7 @@ async def test_a_batch_cut_off_closes_its_connection() -> None:
         try:
             start = time.monotonic()
             with pytest.raises(StorageError):
-                await storage.decide("k", [HIT], timeout=0.1)
+                await storage.decide_within(0.1, "k", [HIT])
             assert time.monotonic() - start < 0.5
             assert not closed.is_set()
             await asyncio.wait_for(closed.wait(), 3.0)  # grace: max(1 s, 10 x the wait)
@@ -98,7 +98,7 @@ async def test_a_slow_connection_set_up_does_not_starve_the_storage(
     the decisions after it are answered in time on the warm connection."""
     async with delayed(redis_url, 0.012) as url:
         storage = RedisStorage.from_url(url, prefix=redis_prefix, timeout=0.05)
-        guard = StorageGuard(storage, timeout=0.05, recovery_interval=0.2)
+        guard = GuardedStorage(storage, timeout=0.05, recovery_interval=0.2)
         try:
             sources = []
             for _ in range(30):
@@ -144,12 +144,12 @@ async def test_the_guard_leaves_the_timeout_to_redis_storage(
 
     storage = RedisStorage.from_url(redis_url, prefix=redis_prefix)
     try:
-        guard = StorageGuard(storage, timeout=0.5)
+        guard = GuardedStorage(storage, timeout=0.5)
         monkeypatch.setattr(asyncio, "timeout", counting)
         verdict, source = await guard.decide("k", [HIT])
         assert source == "storage" and verdict is not None and verdict.allowed
         assert timers == []
-        await StorageGuard(_Answering(), timeout=0.5).decide("k", [HIT])
+        await GuardedStorage(_Answering(), timeout=0.5).decide("k", [HIT])
         assert timers == [0.5]
     finally:
         await storage.close()
@@ -170,7 +170,7 @@ async def test_a_subclass_overriding_decide_is_timed_by_the_guard(
 
     storage = Traced(aioredis.Redis.from_url(redis_url), prefix=redis_prefix, owns_client=True)
     try:
-        verdict, source = await StorageGuard(storage, timeout=0.5).decide("k", [HIT])
+        verdict, source = await GuardedStorage(storage, timeout=0.5).decide("k", [HIT])
         assert source == "storage" and verdict is not None and verdict.allowed
         assert calls == ["k"]
     finally:
@@ -183,7 +183,7 @@ async def test_the_guard_bound_holds_on_a_frozen_redis() -> None:
     async with frozen_redis() as (url, _):
         storage = RedisStorage.from_url(url)
         try:
-            guard = StorageGuard(storage, timeout=0.1)
+            guard = GuardedStorage(storage, timeout=0.1)
             start = time.monotonic()
             verdict, source = await guard.decide("k", [HIT])
             assert time.monotonic() - start < 0.5
@@ -269,8 +269,8 @@ async def test_a_decision_its_caller_gave_up_on_is_not_sent(
         try:
             slot = Hit(Limit.concurrency(1, lease=30))
             with pytest.raises(StorageError):
-                await storage.decide("user", [slot], timeout=0.05)
-            verdict = await storage.decide("user", [slot], timeout=2)
+                await storage.decide_within(0.05, "user", [slot])
+            verdict = await storage.decide_within(2, "user", [slot])
             assert verdict.allowed
             assert verdict.decisions[0].remaining == 0  # only this request holds the slot
         finally:
@@ -288,9 +288,9 @@ async def test_a_slot_granted_after_its_caller_gave_up_goes_back(
             slot = Hit(Limit.concurrency(1, lease=30))
             await storage.peek("user", [slot])  # a warm connection: the next one is sent
             with pytest.raises(StorageError):
-                await storage.decide("user", [slot], timeout=0.02)
+                await storage.decide_within(0.02, "user", [slot])
             await asyncio.sleep(0.3)  # the late reply, then the ZREM, have gone through
-            verdict = await storage.decide("user", [slot], timeout=1)
+            verdict = await storage.decide_within(1, "user", [slot])
             assert verdict.allowed, verdict
         finally:
             await storage.close()
@@ -440,7 +440,7 @@ async def test_a_shorter_deadline_in_a_later_batch_still_holds() -> None:
             await asyncio.sleep(0.01)  # its batch is flushed
             start = time.monotonic()
             with pytest.raises(StorageError):
-                await storage.decide("b", [HIT], timeout=0.1)
+                await storage.decide_within(0.1, "b", [HIT])
             assert time.monotonic() - start < 0.5
             assert not first.done()
             with pytest.raises(StorageError):
@@ -508,7 +508,7 @@ async def test_closing_while_a_connection_is_set_up_fails_its_callers() -> None:
         with pytest.raises(StorageError, match="closed"):
             await asyncio.wait_for(decision, 1.0)
         with pytest.raises(StorageError, match="within the timeout"):
-            await storage.decide("k", [HIT], timeout=0.1)  # a new set-up, timed as usual
+            await storage.decide_within(0.1, "k", [HIT])  # a new set-up, timed as usual
         await storage.close()
 
 
@@ -551,7 +551,7 @@ async def test_a_give_back_without_a_deadline_does_not_spare_its_batch_a_cut_off
         try:
             start = time.monotonic()
             results = await asyncio.gather(
-                storage.decide("k", [HIT], timeout=0.1),
+                storage.decide_within(0.1, "k", [HIT]),
                 storage.release([Lease("k", "", "uid", "lease")]),
                 return_exceptions=True)
             assert all(isinstance(r, StorageError) for r in results), results

@@ -28,7 +28,7 @@ from ratelimit_mw.settings import RateLimitSettings
 from ratelimit_mw.storage import check_storage_url, pipe
 from ratelimit_mw.storage.cluster import cluster_storage_from_url
 from ratelimit_mw.storage.keys import encode_part, redis_key
-from tests.conftest import FakeClock
+from tests.conftest import FakeClock, on_clock
 from tests.engine.test_storage import limit_for
 from tests.middleware.conftest import RedisServer
 
@@ -110,7 +110,7 @@ async def test_a_window_key_gets_its_ttl_when_its_window_opens(
     only write their count. Seen on simulated time: a request 30 s into the window would
     otherwise set a time to live 30 s shorter."""
     clock = FakeClock(1_800_000_000.0 - 1_800_000_000 % 60)  # a minute boundary
-    storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, clock=clock)
+    storage = on_clock(RedisStorage.from_url(redis_url, prefix=redis_prefix), clock)
     limit = Limit.parse("100/minute", algorithm)
     name = redis_key(redis_prefix, "w", "", limit.uid)
     life = 60_000 if algorithm == "fixed_window" else 120_000  # ms, from the window's start
@@ -138,7 +138,7 @@ async def test_the_commands_a_decision_runs_inside_redis() -> None:
     server = RedisServer()
     server.start()
     clock = FakeClock(1_800_000_000.0 - 1_800_000_000 % 60)
-    storage = RedisStorage.from_url(server.url, clock=clock)
+    storage = on_clock(RedisStorage.from_url(server.url), clock)
     raw = aioredis.Redis.from_url(server.url)
     hits = [Hit(Limit.parse("100/minute", "fixed_window")),
             Hit(Limit.parse("100/minute", "sliding_window")),

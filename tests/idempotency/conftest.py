@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
+from ratelimit_mw import RateLimitMiddleware
 from ratelimit_mw.idempotency import (
     IdempotencyMiddleware,
     IdempotencyStore,
@@ -79,9 +80,14 @@ class Orders:
         self.runs["large"] += 1
         return Response(b"x" * 2000, media_type="application/octet-stream")
 
-    def app(self, store: IdempotencyStore, **options: Any) -> Starlette:
-        """A Starlette app with these endpoints behind the middleware."""
+    def app(self, store: IdempotencyStore, limiter: dict[str, Any] | None = None,
+            **options: Any) -> Starlette:
+        """A Starlette app with these endpoints behind the middleware (and behind a rate
+        limiter of these options in front of it, if ``limiter`` is given)."""
         options.setdefault("required", ["/payments"])
+        middleware = [Middleware(IdempotencyMiddleware, store=store, **options)]
+        if limiter is not None:
+            middleware.insert(0, Middleware(RateLimitMiddleware, **limiter))
         return Starlette(
             routes=[
                 Route("/orders", self.create, methods=["POST", "PATCH"]),
@@ -90,7 +96,7 @@ class Orders:
                 Route("/stream", self.stream, methods=["POST"]),
                 Route("/large", self.large, methods=["POST"]),
             ],
-            middleware=[Middleware(IdempotencyMiddleware, store=store, **options)],
+            middleware=middleware,
         )
 
 

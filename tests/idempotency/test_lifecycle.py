@@ -27,12 +27,16 @@ from ratelimit_mw.idempotency import (
     fingerprint,
     record_key,
 )
+from ratelimit_mw.identity import credentials
 from tests.conftest import FakeClock
 
 from .conftest import Harness, Orders, uvicorn_serving
 
 KEY = {"Idempotency-Key": "k-1", "X-API-Key": "alice"}
 BODY = b'{"item": "book"}'
+# Where KEY's requests keep their record: their caller is known by the API key sent.
+RECORD = record_key(str(credentials({"headers": [(b"x-api-key", b"alice")]}, b"x-api-key")),
+                    "k-1")
 
 
 class Order(BaseModel):
@@ -156,7 +160,7 @@ async def run_out(store: IdempotencyStore, clock: FakeClock, lock_ttl: float) ->
     if not isinstance(store, RedisIdempotencyStore):
         clock.advance(lock_ttl)
         return
-    lease = store.prefix + record_key("api-key:alice", "k-1")
+    lease = store.prefix + RECORD
     assert 0 < await store._client.pttl(lease) <= lock_ttl * 1000
     await store._client.pexpire(lease, 1)
     await asyncio.sleep(0.01)
@@ -166,8 +170,7 @@ async def run_out(store: IdempotencyStore, clock: FakeClock, lock_ttl: float) ->
 async def test_dead_workers_lease_expires(harness: Harness, clock: FakeClock) -> None:
     """A key held by a worker that died is 409 until its lease runs out, then runs."""
     store = harness.make_store()
-    record = record_key("api-key:alice", "k-1")
-    await store.claim(record, fingerprint("POST", "/hang", b"", BODY), lock_ttl=30)
+    await store.claim(RECORD, fingerprint("POST", "/hang", b"", BODY), lock_ttl=30)
     hang = Hang()
     hang.runs = 1  # answer at once
     try:

@@ -19,11 +19,11 @@ from ratelimit_mw.idempotency import (
     MAX_KEY_LENGTH,
     IdempotencyMiddleware,
     InvalidKeyError,
-    default_identity,
     fingerprint,
     parse_idempotency_key,
     record_key,
 )
+from ratelimit_mw.identity import credentials
 
 MODULES = sorted(
     f"ratelimit_mw.idempotency.{info.name}" for info in pkgutil.iter_modules(idempotency.__path__)
@@ -107,11 +107,31 @@ def scope_with(headers: list[tuple[bytes, bytes]], client: Any = ("203.0.113.7",
     return {"type": "http", "headers": headers, "client": client}
 
 
-def test_default_identity() -> None:
-    """The API key when sent, else the client IP, else anonymous."""
-    assert default_identity(scope_with([(b"x-api-key", b"k1")])) == "api-key:k1"
-    assert default_identity(scope_with([])) == "ip:203.0.113.7"
-    assert default_identity(scope_with([], client=None)) == "anonymous"
+def test_credentials_tell_apart_whatever_differs() -> None:
+    """Every value of Authorization and the API-key header counts, in order; the Cookie
+    header only without either; no credential at all is None."""
+    sent = [
+        [(b"authorization", b"Bearer alice")],
+        [(b"authorization", b"Bearer bob")],
+        [(b"authorization", b"Basic YWxpY2U6cHc=")],
+        [(b"x-api-key", b"k1")],
+        [(b"x-api-key", b"k2")],
+        [(b"x-api-key", b"k1"), (b"authorization", b"Bearer alice")],
+        [(b"authorization", b"Bearer alice"), (b"x-api-key", b"k1")],
+        [(b"x-api-key", b"k1"), (b"x-api-key", b"k2")],
+        [(b"cookie", b"session=a")],
+        [(b"cookie", b"session=b")],
+    ]
+    digests = [credentials(scope_with(headers), b"x-api-key") for headers in sent]
+    assert None not in digests
+    assert len(set(digests)) == len(sent)
+    assert not any("alice" in str(digest) or "k1" in str(digest) for digest in digests)
+    assert credentials(scope_with(sent[0]), b"x-api-key") == digests[0]  # stable
+    with_cookie = [(b"cookie", b"session=a"), (b"authorization", b"Bearer alice")]
+    assert credentials(scope_with(with_cookie), b"x-api-key") == digests[0]
+    assert credentials(scope_with([(b"x-token", b"k1")]), b"x-token") is not None
+    assert credentials(scope_with([(b"x-token", b"k1")]), b"x-api-key") is None
+    assert credentials(scope_with([(b"accept", b"*/*")]), b"x-api-key") is None
 
 
 async def app(scope: Scope, receive: Any, send: Any) -> None:
@@ -166,7 +186,8 @@ def test_all_is_sorted_and_complete() -> None:
     assert idempotency.__all__ == order
 
 
-@pytest.mark.parametrize("module", ["ratelimit_mw.idempotency", "ratelimit_mw.guard", *MODULES])
+@pytest.mark.parametrize(
+    "module", ["ratelimit_mw.idempotency", "ratelimit_mw.breaker.guard", *MODULES])
 def test_docstring_examples_run(module: str) -> None:
     """The examples in the docstrings are correct."""
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)

@@ -13,7 +13,8 @@ from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.requests import HTTPConnection
 
 from ratelimit_mw import ConfigError, Hit, Limit, MemoryStorage
-from ratelimit_mw.keys import APIKey, AuthenticatedUser, ClientIP, TrustedProxies
+from ratelimit_mw.client_ip import ClientIP, TrustedProxies
+from ratelimit_mw.identity import APIKey, AuthenticatedUser
 from ratelimit_mw.middleware import RateLimitMiddleware
 from ratelimit_mw.tiers import Tier, TierByAPIKey, TierFromHeader
 from tests.conftest import FakeClock

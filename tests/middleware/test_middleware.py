@@ -16,7 +16,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from ratelimit_mw import Hit, Lease, Limit, MemoryStorage, Rate, Verdict
+from ratelimit_mw import Hit, Lease, Limit, MemoryStorage, Rate, Storage, Verdict
 from ratelimit_mw.events import DecisionEvent
 from ratelimit_mw.middleware import RateLimitMiddleware
 from ratelimit_mw.responses import Denial
@@ -26,16 +26,23 @@ from tests.conftest import FakeClock
 from .conftest import client_for, make_app, ok
 
 
-class Counting:
-    """A storage (duck-typed) that wraps a memory one and counts the calls reaching it."""
+class Counting(Storage):
+    """A storage of one's own that wraps a memory one and counts the calls reaching it."""
 
     def __init__(self, inner: MemoryStorage) -> None:
         self.inner = inner
         self.calls = 0
 
-    async def decide(self, key: str, hits: Sequence[Hit]) -> Verdict:
+    async def decide(self, key: str, hits: Sequence[Hit], *, usage: int = 0) -> Verdict:
         self.calls += 1
-        return await self.inner.decide(key, hits)
+        return await self.inner.decide(key, hits, usage=usage)
+
+    async def release(self, leases: Sequence[Lease]) -> None:
+        await self.inner.release(leases)
+
+    async def usage(self, key: str, granularity: Any, start: float, end: float,
+                    ) -> list[tuple[int, int]]:
+        return await self.inner.usage(key, granularity, start, end)
 
     async def reset(self, key: str) -> None:
         await self.inner.reset(key)

@@ -183,16 +183,6 @@ def test_a_misspelt_variable_is_warned_of(
             "RATELIMIT_FAILURE_MODE?)") in caplog.text
 
 
-def test_the_projects_own_variables_are_not_taken_for_typos(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
-) -> None:
-    """RATELIMIT_MW_BUILDS (the test command's, in the README) is no misspelt setting."""
-    monkeypatch.setenv("RATELIMIT_MW_BUILDS", "source")
-    monkeypatch.setenv("RATELIMIT_MW_BUILD", "source")
-    RateLimitSettings()
-    assert "RATELIMIT_MW_BUILD" not in caplog.text
-
-
 def test_unknown_default_tier_fails_when_loaded() -> None:
     """default_tier must name one of the configured tiers."""
     with pytest.raises(ValidationError, match="unknown tier 'gold'"):

@@ -18,7 +18,7 @@ from ratelimit_mw import Limit, MemoryStorage, RedisStorage, Storage, StorageErr
 from ratelimit_mw.middleware import RateLimitMiddleware
 from ratelimit_mw.quota import quota_router, quota_routes
 from ratelimit_mw.tiers import Tier, TierByAPIKey
-from tests.conftest import FakeClock
+from tests.conftest import FakeClock, on_clock
 
 JAN_31 = datetime(2024, 1, 31, 23, 58, 30, tzinfo=UTC).timestamp()
 KEYS = {"key-a": "gold", "key-b": "basic"}
@@ -58,10 +58,10 @@ async def build(
             storage: Storage = MemoryStorage(clock=clock, usage_retention=options.pop(
                 "retention", (168, 90)))
         else:
-            storage = RedisStorage.from_url(
+            storage = on_clock(RedisStorage.from_url(
                 request.getfixturevalue("redis_url"),
-                prefix=request.getfixturevalue("redis_prefix"), clock=clock,
-                usage_retention=options.pop("retention", (168, 90)))
+                prefix=request.getfixturevalue("redis_prefix"),
+                usage_retention=options.pop("retention", (168, 90))), clock)
         storages.append(storage)
         if framework == "fastapi":
             app: Any = FastAPI()

@@ -1,0 +1,74 @@
+"""Keys known to be over their limit, answered without asking the shared storage again.
+
+While a key's denial lasts, its next requests get the same 429 from this worker's
+memory (as Envoy caches keys over the limit): a client hammering away costs a dict
+look-up, not a round trip. Only the shared storage's denials are kept, and never one
+a concurrency slot made (a slot may free any moment).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .decision import Decision, Verdict
+from .outcome import Outcome
+from .plans import Plan
+
+__all__ = ["Blocked", "BlockedKeys"]
+
+
+class Blocked:
+    """A key over its limit until ``until``, with the outcome last made for it."""
+
+    __slots__ = ("at", "outcome", "until", "verdict", "wait")
+
+    def __init__(self, verdict: Verdict, at: float) -> None:
+        self.verdict = verdict
+        self.at = at
+        self.until = at + verdict.retry_after
+        self.wait = -1  # the Retry-After that ``outcome`` was made for
+        self.outcome: Outcome | None = None
+
+    def verdict_at(self, now: float) -> Verdict:
+        """The kept verdict with its times moved on to ``now``."""
+        gone = now - self.at
+        at = self.verdict.at
+        return Verdict(False, tuple(
+            Decision(d.allowed, d.limit, d.remaining, max(0.0, d.reset_after - gone),
+                     max(0.0, d.retry_after - gone), d.policy, d.scope)
+            for d in self.verdict.decisions), (), None if at is None else at + gone)
+
+
+class BlockedKeys:
+    """At most ``size`` keys over their limit, the oldest forgotten first."""
+
+    __slots__ = ("_keys", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._keys: dict[tuple[str, Plan], Blocked] = {}
+
+    def get(self, key: str, plan: Plan, now: float) -> Blocked | None:
+        """The entry of ``key`` on ``plan`` if its denial still lasts at ``now``."""
+        blocked = self._keys.get((key, plan))
+        if blocked is None:
+            return None
+        if now < blocked.until:
+            return blocked
+        del self._keys[(key, plan)]
+        return None
+
+    def keep(self, key: str, plan: Plan, verdict: Verdict, now: float) -> None:
+        """Remember a denial the shared storage made (``now``: when it answered, so
+        that a Retry-After never points earlier than the real wait)."""
+        if not math.isfinite(verdict.retry_after) or _slot_denied(verdict):
+            return
+        keys = self._keys
+        if len(keys) >= self.size:
+            del keys[next(iter(keys))]
+        keys[(key, plan)] = Blocked(verdict, now)
+
+
+def _slot_denied(verdict: Verdict) -> bool:
+    """True when a concurrency slot is among what denied ``verdict``."""
+    return any(not d.allowed and d.policy.is_concurrency for d in verdict.decisions)

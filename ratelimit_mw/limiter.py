@@ -1,0 +1,261 @@
+"""Deciding a request: who it counts for, which limits apply, and what the storage says.
+
+``Limiter`` knows nothing of ASGI messages. From a request's scope it finds the caller
+(``Identity``) and the route's spec, takes the plan of the caller's tier on that
+route, and decides every limit of the plan in one storage call under the failure
+policy, with shadow limits and the cache of blocked keys; it hands back an
+``Outcome`` (the verdict, the headers to send, whether to refuse). The middleware
+sends it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+from mypy_extensions import mypyc_attr
+from starlette.types import ASGIApp, Scope
+
+from .asgi import Header
+from .blocked import Blocked, BlockedKeys
+from .breaker import Gate
+from .decision import Verdict
+from .events import DecisionEvent, DecisionHook, Source, call_hook, log_denial
+from .failure import GuardedStorage
+from .headers import HeaderFormat
+from .identity import Caller, Identity
+from .outcome import Charge, Outcome
+from .plans import Plan, Plans, enforced_denial, with_shadowed
+from .route_table import RouteTable
+from .routes import NO_ROUTE, RouteRule, RouteSpec
+from .settings import RateLimitSettings
+from .storage import Storage
+from .tiers import Tier, TierTable
+
+__all__ = ["STATE_KEY", "Limiter", "limiter_of"]
+
+T = TypeVar("T")
+
+STATE_KEY = "ratelimit"
+"""Where ``scope["state"]`` holds the limiter of the request (for the quota endpoints and
+``IdempotencyMiddleware``)."""
+
+
+def limiter_of(scope: Scope) -> Limiter | None:
+    """The limiter that decided ``scope``, if a ``RateLimitMiddleware`` did."""
+    state = scope.get("state")
+    limiter = state.get(STATE_KEY) if isinstance(state, dict) else None
+    return limiter if isinstance(limiter, Limiter) else None
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Limiter:
+    """Decides requests of ``app`` against the tiers and route limits of ``settings``.
+
+    A request is decided without awaiting (``charge_now``, then ``decide_now``) when the
+    key function, the tier resolver and the storage all answer at once; else by
+    ``charge`` and ``decide``.
+    """
+
+    __slots__ = ("_blocked", "_format", "_on_decision", "_remade", "_route_cache", "_shadow",
+                 "_usage", "clock", "guarded", "identity", "plans", "routes", "settings",
+                 "storage")
+
+    def __init__(
+        self, app: ASGIApp, settings: RateLimitSettings, *, storage: Storage,
+        identity: Identity, rules: Sequence[RouteRule] = (),
+        on_decision: DecisionHook | None = None, clock: Callable[[], float] = time.time,
+        breaker: Gate | None = None, remade_denials: bool = False,
+    ) -> None:
+        self.settings = settings
+        self.storage = storage
+        self.identity = identity
+        self.clock = clock
+        """The wall clock (epoch seconds) times are reported on."""
+        self.guarded = GuardedStorage(
+            storage, mode=settings.failure_mode, timeout=settings.storage_timeout,
+            recovery_interval=settings.recovery_interval, breaker=breaker, clock=clock)
+        self._format = HeaderFormat(settings.header_style, partition_key=settings.partition_key)
+        self._shadow = settings.shadow
+        self._usage = settings.quota_history
+        self._on_decision = on_decision
+        # A custom 429 is made anew for every request, so a blocked key's is not kept.
+        self._remade = remade_denials
+        self.routes = RouteTable(app, [*settings.build_routes(), *rules], settings.exempt_paths)
+        # The table's own cache, read here first: the table is interpreted code, and a
+        # call into it costs more than the look-up.
+        self._route_cache: dict[tuple[str, ...], RouteSpec] = self.routes.cache
+        self.plans = Plans(self._format, settings.concurrency_lease)
+        self.plans.check(identity.tiers.tiers.values(), self.routes.known_specs())
+        # Only denials of a shared storage are kept: one in this process answers as fast.
+        self._blocked = BlockedKeys(0 if settings.shadow else settings.blocked_cache_size)
+
+    @property
+    def tiers(self) -> TierTable:
+        """The tiers this limiter knows."""
+        return self.identity.tiers
+
+    @property
+    def identifies_now(self) -> bool:
+        """True when a request's caller is found without awaiting (``charge_now``)."""
+        return self.identity.answers_now
+
+    async def identify(self, scope: Scope) -> Caller | None:
+        """Who ``scope`` counts for (None: not limited), as the limits resolve it; also
+        for routes the limits leave alone."""
+        return await self.identity.caller(scope)
+
+    def plan_for(self, tier: Tier) -> Plan:
+        """The plan of ``tier`` on a route without limits of its own (quota reports)."""
+        return self.plans.get(tier, NO_ROUTE)
+
+    @property
+    def retry_after(self) -> int:
+        """Whole seconds a client refused while the storage is down should wait."""
+        return self.guarded.retry_after
+
+    async def read(self, call: Callable[[], Awaitable[T]]) -> T:
+        """A read of the storage (a quota report), under its breaker and a timeout."""
+        return await self.guarded.read(call)
+
+    def _route(self, scope: Scope) -> RouteSpec:
+        spec = self._route_cache.get((scope["method"], scope["path"]))
+        return spec if spec is not None else self.routes.resolve(scope)
+
+    def charge_now(self, scope: Scope) -> Charge | None:
+        """``charge``, for an identity that answers without awaiting."""
+        route = self._route(scope)
+        if route.exempt:
+            return None
+        identity = self.identity
+        key = identity.key_now(scope)
+        if key is None:
+            return None
+        return key, self.plans.get(identity.tier_now(scope), route)
+
+    async def charge(self, scope: Scope) -> Charge | None:
+        """What ``scope`` counts against; None when it is not limited (an exempt route,
+        or a key function that leaves it alone)."""
+        route = self._route(scope)
+        if route.exempt:
+            return None
+        identity = self.identity
+        key = await identity.key_of(scope)
+        if key is None:
+            return None
+        return key, self.plans.get(await identity.tier_of(scope), route)
+
+    def decide_now(self, charge: Charge) -> Outcome | None:
+        """The outcome, if the storage decides without awaiting; else None (``decide``)."""
+        key, plan = charge
+        storage = self.storage
+        usage = self._usage and plan.route.cost
+        verdict = storage.decide_now(key, plan.hits, usage)
+        if verdict is None:
+            return None
+        if not verdict.allowed and plan.shadow_only(verdict):
+            verdict = with_shadowed(
+                plan, verdict, storage.decide_now(key, plan.enforced, usage))
+        seen = verdict
+        verdict, refused = self._as_reported(plan, verdict)
+        now = verdict.at if verdict.at is not None else self.clock()
+        return self._finish(key, plan, verdict, "storage", refused, now, seen=seen)
+
+    async def decide(self, charge: Charge) -> Outcome:
+        """The outcome, from the storage under the failure policy (or the cache of
+        blocked keys)."""
+        key, plan = charge
+        now = self.clock()
+        if self._blocked.size:
+            blocked = self._blocked.get(key, plan, now)
+            if blocked is not None:
+                return self._from_blocked(key, plan, blocked, now)
+        guarded = self.guarded
+        usage = self._usage and plan.route.cost
+        verdict, source = await guarded.decide(key, plan.hits, usage=usage)
+        # Closed: nothing is admitted undecided; but shadow mode never refuses.
+        closed = guarded.mode == "closed" and not self._shadow
+        if verdict is None:
+            return self._finish(key, plan, None, source, closed, now)
+        if not verdict.allowed and plan.shadow_only(verdict):
+            # A denial consumes nothing: without a second call, a request let through by
+            # a shadow limit would not count against the limits that do block.
+            enforced, source = await guarded.decide(key, plan.enforced, usage=usage)
+            if enforced is None and closed:
+                return self._finish(key, plan, None, source, True, now)
+            verdict = with_shadowed(plan, verdict, enforced)
+        seen = verdict  # for the metrics hook, shadow denials included
+        verdict, refused = self._as_reported(plan, verdict)
+        # Only the shared storage's denials are kept: a fallback's are local guesses.
+        if refused and self._blocked.size and source == "storage":
+            # From the clock after the answer: the wait began at most then, and a
+            # Retry-After counted from before the round trip would point too early.
+            self._blocked.keep(key, plan, verdict, self.clock())
+        return self._finish(key, plan, verdict, source, refused, now, seen=seen)
+
+    def _as_reported(self, plan: Plan, verdict: Verdict) -> tuple[Verdict, bool]:
+        """The verdict as the client is told it, and whether the request is refused (a
+        real denial reports only what the enforced limits say)."""
+        refused = not verdict.allowed and not self._shadow
+        if refused and plan.shadow:
+            return enforced_denial(plan, verdict), True
+        return verdict, refused
+
+    def _from_blocked(self, key: str, plan: Plan, blocked: Blocked, now: float) -> Outcome:
+        """The answer for a key known to be over its limit, without the storage.
+
+        The rendered 429 is reused while its Retry-After stays the same, so a client
+        hammering away costs little more than a dict lookup.
+        """
+        wait = math.ceil(blocked.until - now)
+        outcome = blocked.outcome
+        if outcome is None or blocked.wait != wait or self._remade:
+            outcome = self._finish(key, plan, blocked.verdict_at(now), "blocked", True, now)
+            blocked.outcome, blocked.wait = outcome, wait
+            return outcome
+        verdict = outcome.verdict
+        assert verdict is not None  # a blocked outcome always holds its verdict
+        log_denial(key, plan.tier.name, plan.route.label, verdict, shadow=False,
+                   source="blocked")
+        if self._on_decision is not None:
+            call_hook(self._on_decision, DecisionEvent(
+                key, plan.tier.name, plan.route.label, "blocked", verdict, True, False))
+        return outcome
+
+    def _finish(self, key: str, plan: Plan, verdict: Verdict | None, source: Source,
+                refused: bool, now: float, *, seen: Verdict | None = None) -> Outcome:
+        """Headers, the denial log line and the metrics hook, for one decision.
+
+        ``seen``: the verdict as decided, for the metrics hook, when ``verdict`` is what
+        the client is told and the log says (a real denial, without the shadow limits'
+        say).
+        """
+        if seen is None:
+            seen = verdict
+        headers: list[Header] = []
+        if verdict is not None:
+            if verdict.at is not None:
+                # Epoch times (X-RateLimit-Reset, reset_at) on the storage's clock: with
+                # Redis, the server's, so app servers with skewed clocks report the same.
+                now = verdict.at
+            if self._format:
+                headers = self._format.dynamic(verdict, plan.names, now, key)
+                if plan.static_headers:
+                    headers = [*plan.static_headers, *headers]
+            if not verdict.allowed:
+                log_denial(key, plan.tier.name, plan.route.label, verdict,
+                           shadow=not refused, source=source)
+            elif plan.shadow and not all(d.allowed for d in verdict.decisions):
+                # Only shadow limits denied: a shadow denial, logged, let through.
+                log_denial(key, plan.tier.name, plan.route.label, Verdict(False, tuple(
+                    d for d in verdict.decisions if not d.allowed)), shadow=True, source=source)
+        if self._on_decision is not None:
+            # A shadow denial: a limit denied (global shadow mode, or a shadow limit of
+            # its own) and the request goes through.
+            shadow = (not refused and seen is not None
+                      and not all(d.allowed for d in seen.decisions))
+            call_hook(self._on_decision, DecisionEvent(
+                key, plan.tier.name, plan.route.label, source, seen, refused, shadow))
+        return Outcome(key, plan, verdict, source, refused, headers, now)

@@ -1,0 +1,35 @@
+"""What deciding a request comes to."""
+
+from __future__ import annotations
+
+from .asgi import Header
+from .decision import Verdict
+from .events import Source
+from .plans import Plan
+
+__all__ = ["Charge", "Outcome"]
+
+
+Charge = tuple[str, Plan]
+"""What a request counts against: its caller's key, and the plan of limits."""
+
+
+class Outcome:
+    """What deciding a request comes to: its verdict (None: the storage could not
+    decide), where it came from, whether the request is refused, and the headers to
+    send."""
+
+    __slots__ = ("headers", "key", "now", "plan", "refused", "response", "source", "verdict")
+
+    def __init__(self, key: str, plan: Plan, verdict: Verdict | None, source: Source,
+                 refused: bool, headers: list[Header], now: float) -> None:
+        self.key = key
+        self.plan = plan
+        self.verdict = verdict
+        self.source = source
+        self.refused = refused
+        self.headers = headers
+        self.now = now
+        self.response: tuple[bytes, bytes, list[Header]] | None = None
+        """The 429 as sent (content type, body, headers), kept by the outcome a blocked
+        key's requests share, so that each of them is answered with it."""

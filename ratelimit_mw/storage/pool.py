@@ -1,0 +1,53 @@
+"""Waiting for a connection to Redis Cluster or Sentinel: a queue for turns, a short retry."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+__all__ = ["ConnectionQueue", "short_retry"]
+
+
+class ConnectionQueue:
+    """At most ``size`` commands in flight; the others wait up to ``timeout`` s for a turn.
+
+    redis-py's cluster and Sentinel clients raise ``MaxConnectionsError`` at once
+    when every connection is busy; with this queue a burst larger than the pool
+    waits instead, like ``redis://`` with its blocking pool.
+    """
+
+    __slots__ = ("_semaphore", "size", "timeout")
+
+    def __init__(self, size: int, timeout: float) -> None:
+        self.size = size
+        self.timeout = timeout
+        self._semaphore: asyncio.Semaphore | None = None
+
+    def __repr__(self) -> str:
+        return f"ConnectionQueue(size={self.size}, timeout={self.timeout})"
+
+    @asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        """Hold one of the ``size`` turns for the duration of a command."""
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self.size)
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self._semaphore.acquire()
+        except TimeoutError as exc:
+            msg = f"no free connection within {self.timeout} s ({self.size} in use)"
+            raise RedisConnectionError(msg) from exc
+        try:
+            yield
+        finally:
+            self._semaphore.release()
+
+
+def short_retry() -> Retry:
+    """Three quick retries (10 ms to 250 ms apart): a rate limiter must answer fast."""
+    return Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.25), retries=3)
