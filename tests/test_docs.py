@@ -1,0 +1,47 @@
+"""The documentation's Python snippets run as pasted, each in a fresh interpreter.
+
+A snippet that names the usual local Redis (``redis://127.0.0.1:6379/0``) runs against
+the suite's own instead, so it never touches a server the suite did not start.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+LOCAL_REDIS = "redis://127.0.0.1:6379/0"
+_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def _snippets() -> list[tuple[str, str]]:
+    """``(page:line, code)`` of every Python block of the pages."""
+    found = []
+    for page in PAGES:
+        text = page.read_text()
+        for match in _BLOCK.finditer(text):
+            line = text.count("\n", 0, match.start()) + 1
+            found.append((f"{page.relative_to(ROOT)}:{line}", match.group(1)))
+    return found
+
+
+SNIPPETS = _snippets()
+
+
+def test_there_are_snippets_to_run() -> None:
+    """The pages hold Python snippets (a change of fence would otherwise run none)."""
+    assert len(SNIPPETS) >= 10
+
+
+@pytest.mark.parametrize(("where", "code"), SNIPPETS, ids=[where for where, _ in SNIPPETS])
+def test_the_snippet_runs(where: str, code: str, redis_url: str, tmp_path: Path) -> None:
+    """The snippet runs to its end without an error or a warning."""
+    result = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code.replace(LOCAL_REDIS, redis_url)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, f"{where}:\n{result.stderr[-3000:]}"
