@@ -466,6 +466,17 @@ def report(counts: Sequence[Count], args: argparse.Namespace) -> list[str]:
     return [*lines, "", *table(counts)]
 
 
+def results(counts: Sequence[Count], args: argparse.Namespace) -> dict[str, object]:
+    """What ``--json`` writes: the settings and each app's median instructions per
+    request."""
+    runs: dict[str, list[float]] = {}
+    for done in counts:
+        runs.setdefault(done.app, []).append(done.per_request)
+    return {"date": time.strftime("%Y-%m-%d"), "build": args.build, "server": args.server,
+            "requests": args.requests, "connections": args.connections,
+            "apps": {app: round(statistics.median(values)) for app, values in runs.items()}}
+
+
 def _progress(done: Count, run: int, repeat: int) -> str:
     """One line on a finished run: its count, the statuses and how long it took."""
     statuses = ", ".join(f"{n} answered {status}" for status, n in sorted(done.statuses.items()))
@@ -492,6 +503,8 @@ def main() -> None:
                         help="keep each app's dump here, for callgrind_annotate")
     parser.add_argument("--peers", action="store_true",
                         help="also count the peer apps whose packages are installed")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="also write each app's median here (benchmarks/chart.py draws it)")
     parser.add_argument("apps", nargs="*", help=f"default: {' '.join(DEFAULT_APPS)}")
     args = parser.parse_args()
     if min(args.requests, args.connections, args.repeat) < 1 or args.warmup < 0:
@@ -509,6 +522,8 @@ def main() -> None:
                 counts.append(count(app, settings))
                 print(_progress(counts[-1], run, args.repeat), file=sys.stderr, flush=True)
     print("\n".join(report(counts, args)))
+    if args.json is not None:
+        args.json.write_text(json.dumps(results(counts, args), indent=2) + "\n")
 
 
 if __name__ == "__main__":
