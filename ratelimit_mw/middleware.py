@@ -39,7 +39,9 @@ from .routes import RouteRule
 from .sending import AddingHeaders, CompletingDenial, ReleasingSlots
 from .settings import RateLimitSettings
 from .slots import Slots
+from .startup import get_ready
 from .storage import Storage, storage_from_url
+from .storage.urls import redacted
 from .tiers import Tier, TierResolver, TierTable
 
 __all__ = ["RateLimitMiddleware"]
@@ -92,6 +94,8 @@ class RateLimitMiddleware:
         self._on_denied_async = on_denied is not None and is_async_callable(on_denied)
         identity = identity_from(settings, tiers=tiers, key=key, tier_resolver=tier_resolver)
         self._owns_storage = storage is None
+        # How start-up messages name the storage (never with its password).
+        self._storage_name = redacted(settings.storage_url) if storage is None else repr(storage)
         if storage is None:
             storage = _storage_from(settings, clock)
         self.limiter = Limiter(app, settings, storage=storage, identity=identity, rules=rules,
@@ -172,8 +176,9 @@ class RateLimitMiddleware:
         kind = scope["type"]
         if kind == "websocket" and self.settings.limit_websockets:
             await self._websocket(scope, receive, send)
-        elif kind == "lifespan" and self._owns_storage:
-            await self.app(scope, self._closing(receive), send)
+        elif kind == "lifespan":
+            await self.app(scope, self._closing(receive) if self._owns_storage else receive,
+                           self._starting(send))
         else:
             await self.app(scope, receive, send)
 
@@ -250,6 +255,23 @@ class RateLimitMiddleware:
         self.slots.drop(leases)
         await self.slots.release(leases, source)
 
+    def _starting(self, send: Send) -> Send:
+        """When the app reports its start-up complete, get the storage ready first (see
+        ``ratelimit_mw.startup``); a storage set up wrong fails the start-up instead."""
+        async def wrapped(message: Message) -> None:
+            if message["type"] == "lifespan.startup.complete":
+                settings = self.settings
+                refusal = await get_ready(
+                    self.storage, self._storage_name, timeout=settings.startup_timeout,
+                    required=settings.require_storage, failure_mode=settings.failure_mode)
+                if refusal is not None:
+                    if self._owns_storage:
+                        await self.storage.close()
+                    message = {"type": "lifespan.startup.failed", "message": refusal}
+            await send(message)
+
+        return wrapped
+
     def _closing(self, receive: Receive) -> Receive:
         """Close the storage we opened when the app shuts down."""
         async def wrapped() -> Message:
@@ -309,4 +331,6 @@ def _storage_from(settings: RateLimitSettings, clock: Callable[[], float]) -> St
     if url.lower().startswith("memory://"):
         return storage_from_url(url, clock=clock, usage_retention=retention)
     return storage_from_url(url, prefix=settings.storage_prefix,
-                            timeout=settings.storage_timeout, usage_retention=retention)
+                            timeout=settings.storage_timeout,
+                            connect_timeout=settings.storage_connect_timeout,
+                            usage_retention=retention)

@@ -197,6 +197,9 @@ class RateLimitSettings(BaseSettings):
     storage_url: str = "memory://"
     storage_prefix: str = "ratelimit:"
     storage_timeout: float = 0.05
+    storage_connect_timeout: float = 1.0
+    startup_timeout: float = 5.0
+    require_storage: bool = False
     recovery_interval: float = 2.0
     failure_mode: FailureMode = "open"
     header_style: str = "legacy"
@@ -237,7 +240,8 @@ class RateLimitSettings(BaseSettings):
     def _lists(cls, value: Any) -> Any:
         return _split(value)
 
-    @field_validator("storage_timeout", "recovery_interval", "concurrency_lease",
+    @field_validator("storage_timeout", "storage_connect_timeout", "startup_timeout",
+                     "recovery_interval", "concurrency_lease",
                      "ipv6_prefix", "blocked_cache_size", "usage_retention_hours",
                      "usage_retention_days", mode="before")
     @classmethod
@@ -248,7 +252,8 @@ class RateLimitSettings(BaseSettings):
             raise ConfigError(msg)
         return value
 
-    @field_validator("storage_timeout", "recovery_interval")
+    @field_validator("storage_timeout", "storage_connect_timeout", "startup_timeout",
+                     "recovery_interval")
     @classmethod
     def _seconds(cls, value: float, info: ValidationInfo) -> float:
         return positive_seconds(str(info.field_name), value)

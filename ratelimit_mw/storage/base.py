@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple
 
 from ..decision import Lease, Verdict
 from ..errors import ConfigError
@@ -142,6 +142,15 @@ class Storage(ABC):
     async def ping(self) -> bool:
         """True when the storage answers."""
         return True
+
+    shared: ClassVar[bool] = True
+    """True when every process on the same storage counts on the same counters; False
+    for a storage of one process (several workers on it each count on their own)."""
+
+    async def prepare(self) -> None:  # noqa: B027 - optional hook
+        """Get ready to decide (connect, learn the topology, load scripts, open
+        connections) before the first request: called once at start-up, under the
+        caller's timeout. Raises what stopped it (the default has nothing to do)."""
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; the storage is not used afterwards."""

@@ -30,7 +30,7 @@ _CLUSTER_EXAMPLE = "redis+cluster://10.0.0.1:7000,10.0.0.2:7000[?password=...]"
 def cluster_storage_from_url(
     url: str, *, prefix: str = "ratelimit:", timeout: float | None = None,
     usage_retention: UsageRetention = UsageRetention(),  # noqa: B008 - immutable
-    **options: Any,
+    connect_timeout: float | None = None, **options: Any,
 ) -> RedisStorage:
     """A ``RedisStorage`` on Redis Cluster; connects lazily, on the first decision.
 
@@ -40,17 +40,20 @@ def cluster_storage_from_url(
     ``socket_timeout``, ``socket_connect_timeout``, ``max_connections`` (per node),
     ``health_check_interval`` and, with TLS, ``ssl_ca_certs``, ``ssl_certfile``,
     ``ssl_keyfile``, ``ssl_cert_reqs``, ``ssl_check_hostname``. ``timeout`` bounds
-    each call. Beyond ``max_connections`` (default 100) calls in flight, callers wait
-    for a turn, up to ``pool_timeout`` seconds (default 5). Other options go to
-    ``RedisCluster``.
+    each call, ``connect_timeout`` (default: ``timeout``) the set-up of a connection,
+    which decisions arriving meanwhile wait for. Beyond ``max_connections`` (default
+    100) calls in flight, callers wait for a turn, up to ``pool_timeout`` seconds
+    (default 5). Other options go to ``RedisCluster``.
     """
-    client = cluster_client_from_url(url, timeout=timeout, **options)
-    return RedisStorage(client, prefix=prefix, owns_client=True,
-                        usage_retention=usage_retention, timeout=timeout)
+    client = cluster_client_from_url(url, timeout=timeout, connect_timeout=connect_timeout,
+                                    **options)
+    return RedisStorage(client, prefix=prefix, owns_client=True, usage_retention=usage_retention,
+                        timeout=timeout, connect_timeout=connect_timeout)
 
 
 def cluster_client_from_url(
-    url: str, *, timeout: float | None = None, **options: Any,
+    url: str, *, timeout: float | None = None, connect_timeout: float | None = None,
+    **options: Any,
 ) -> RedisCluster:
     """The ``redis.asyncio.RedisCluster`` that ``cluster_storage_from_url`` uses."""
     parsed = parse_nodes_url(url, CLUSTER_SCHEMES, default_port=6379, example=_CLUSTER_EXAMPLE)
@@ -59,6 +62,8 @@ def cluster_client_from_url(
     tls = parsed.scheme == "rediss+cluster"
     allowed = {**CONNECTION_OPTIONS, **(TLS_OPTIONS if tls else {})}
     kwargs = connection_options(url, parsed, allowed, timeout=timeout, example=_CLUSTER_EXAMPLE)
+    if connect_timeout is not None:
+        kwargs["socket_connect_timeout"] = connect_timeout
     if tls:
         kwargs["ssl"] = True
     kwargs["retry"] = short_retry()

@@ -6,7 +6,7 @@ import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from mypy_extensions import mypyc_attr
 
@@ -65,6 +65,8 @@ class MemoryStorage(Storage):
     """
 
     __slots__ = ("_clock", "_keys", "_leases", "max_keys", "retention")
+
+    shared: ClassVar[bool] = False
 
     def __init__(
         self, *, max_keys: object = 100_000, clock: Callable[[], float] | None = None,

@@ -229,6 +229,12 @@ class Pipeline:
         self._watch_at = math.inf
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop all this belongs to
 
+    @property
+    def connected(self) -> bool:
+        """True while the connection is up (a flush is written at once)."""
+        pipe = self._pipe
+        return pipe is not None and not pipe.transport.is_closing()
+
     def put(self, entry: Queued, loop: asyncio.AbstractEventLoop) -> None:
         """Queue ``entry`` for this tick's flush on ``loop``, the running loop (the caller
         has it at hand: asking again costs a system call, to check the process id)."""

@@ -15,6 +15,7 @@ from typing import Any
 from mypy_extensions import mypyc_attr
 from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
 from ..decision import Lease, Verdict, decision_from
@@ -33,6 +34,7 @@ from .base import (
 )
 from .keys import check_prefix, counter_suffix, identity_tag, redis_key
 from .pipe import Kind, Pipeline, Slots
+from .warmup import WARM_CONNECTIONS, pack_command, probe_commands, warm_client, warm_cluster
 from .wire import PackedPlan, pack_plan, pack_release, pack_script_load, slots_taken
 
 __all__ = ["RedisStorage", "decide_script_source"]
@@ -42,6 +44,8 @@ _RENEWING = 16  # lease renewals (script calls, one per identity) in flight at o
 # RedisClusterException (no topology, slot not covered) is not a RedisError.
 _FAILURES = (redis_errors.RedisError, redis_errors.RedisClusterException, OSError,
              asyncio.TimeoutError)
+# Failures after which the next decisions wait for a new connection (see connect_timeout).
+_LOST = (redis_errors.ConnectionError, ConnectionError, redis_errors.ClusterDownError)
 
 
 def _cause(exc: BaseException) -> str:
@@ -92,9 +96,9 @@ class RedisStorage(Storage):
     Errors are raised as ``StorageError``; what to do then is the caller's policy.
     """
 
-    __slots__ = ("_client", "_clock", "_encode", "_owns_client", "_pipeline", "_plans",
+    __slots__ = ("_client", "_clock", "_cold", "_encode", "_owns_client", "_pipeline", "_plans",
                  "_renew_script", "_script", "_socket_timeout", "_tags", "_usage_args",
-                 "pipeline", "prefix", "retention", "timeout")
+                 "connect_timeout", "pipeline", "prefix", "retention", "timeout")
 
     def __init__(
         self,
@@ -105,11 +109,16 @@ class RedisStorage(Storage):
         usage_retention: UsageRetention = UsageRetention(),  # noqa: B008 - immutable
         pipeline: bool | None = None,
         timeout: float | None = None,
+        connect_timeout: float | None = None,
     ) -> None:
         self.prefix = check_prefix(prefix)
         # Seconds within which each pipelined batch must be answered (None: only the
         # client's socket timeout bounds it); a caller may ask for less (decide_within).
         self.timeout = timeout
+        # Seconds a decision may wait instead while a connection is being made (at
+        # first, after one was lost): a connection set up is not a slow storage.
+        self.connect_timeout = connect_timeout
+        self._cold = True  # no decision answered since the start or a lost connection
         # Decisions asked for in the same event-loop tick go out as one pipeline: one
         # write and one read for many requests. Plain Redis only (Cluster routes per key).
         self.pipeline = isinstance(client, Redis) if pipeline is None else pipeline
@@ -144,9 +153,11 @@ class RedisStorage(Storage):
     def from_url(
         cls, url: str, *, prefix: str = "ratelimit:", timeout: float | None = None,
         usage_retention: UsageRetention = UsageRetention(),  # noqa: B008 - immutable
-        **options: Any,
+        connect_timeout: float | None = None, **options: Any,
     ) -> RedisStorage:
-        """Connect lazily to ``redis://`` or ``rediss://``; ``timeout`` bounds each call.
+        """Connect lazily to ``redis://`` or ``rediss://``; ``timeout`` bounds each call,
+        ``connect_timeout`` (default: ``timeout``) the set-up of a connection, which
+        decisions arriving meanwhile wait for.
 
         Callers beyond ``max_connections`` (default 100) wait for a free connection
         (up to ``pool_timeout`` seconds, default 5) instead of failing. Other options
@@ -154,14 +165,15 @@ class RedisStorage(Storage):
         """
         if timeout is not None:
             options.setdefault("socket_timeout", timeout)
-            options.setdefault("socket_connect_timeout", timeout)
+        if connect_timeout is not None or timeout is not None:
+            options.setdefault("socket_connect_timeout", connect_timeout or timeout)
         max_connections = options.pop("max_connections", None) or DEFAULT_MAX_CONNECTIONS
         pool_timeout = options.pop("pool_timeout", DEFAULT_POOL_TIMEOUT)
         pool = BlockingConnectionPool.from_url(
             url, max_connections=max_connections, timeout=pool_timeout, **options)
         client = Redis.from_pool(pool)
-        return cls(client, prefix=prefix, owns_client=True,
-                   usage_retention=usage_retention, timeout=timeout)
+        return cls(client, prefix=prefix, owns_client=True, usage_retention=usage_retention,
+                   timeout=timeout, connect_timeout=connect_timeout)
 
     @property
     def client(self) -> Redis:
@@ -184,6 +196,9 @@ class RedisStorage(Storage):
         if not hits and not usage:
             return Verdict(True, ())
         clock = self._clock_arg()
+        wait = self._bound(timeout)
+        if self._cold or (self._pipeline is not None and not self._pipeline.connected):
+            wait = self._connecting_wait(wait)
         try:
             if self.pipeline:
                 plan = self._packed(hits, bool(usage))
@@ -191,7 +206,7 @@ class RedisStorage(Storage):
                 lease_id = _lease_id() if slots else ""
                 command = plan.command(self._packed_tag(key), clock.encode(), lease_id.encode(),
                                        self._usage_arg(usage) if usage else b"")
-                reply = await self._queue("decide", command, timeout,
+                reply = await self._queue("decide", command, wait,
                                           (key, slots, lease_id) if slots else None)
             else:
                 tag = identity_tag(self.prefix, key)
@@ -206,11 +221,14 @@ class RedisStorage(Storage):
                     limit = hit.limit
                     args += (limit.algorithm, limit.amount, limit.period_us, limit.capacity,
                              hit.cost)
-                async with asyncio.timeout(self._bound(timeout)):
+                async with asyncio.timeout(wait):
                     reply = await self._script(keys=keys, args=args)
         except _FAILURES as exc:
+            if isinstance(exc, _LOST):
+                self._cold = True
             msg = f"redis could not decide for {len(hits)} limit(s): {_cause(exc)}"
             raise StorageError(msg) from exc
+        self._cold = False
         try:
             allowed = bool(reply[0])
             verdict = Verdict(allowed, tuple(
@@ -240,6 +258,14 @@ class RedisStorage(Storage):
             if len(self._usage_args) < 64:  # a few route costs; any others are made anew
                 self._usage_args[units] = arg
         return arg
+
+    def _connecting_wait(self, wait: float | None) -> float | None:
+        """What a decision may wait while a connection is being made: the connect
+        timeout, if longer than ``wait``."""
+        connect = self.connect_timeout
+        if connect is None or wait is None:
+            return wait
+        return connect if connect > wait else wait
 
     def _bound(self, timeout: float | None) -> float | None:
         """The time a call may take: the shorter of ``timeout`` and the storage's own."""
@@ -271,16 +297,14 @@ class RedisStorage(Storage):
             tag = self._tags[key] = self._encode(identity_tag(self.prefix, key))
         return tag
 
-    def _queue(self, kind: Kind, command: bytes, timeout: float | None = None,
+    def _queue(self, kind: Kind, command: bytes, wait: float | None = None,
                slots: Slots | None = None) -> asyncio.Future[Any]:
         """Queue one command for the next flush (queued at once, so a caller cancelled
-        right after still has its command sent). Its caller waits at most the shorter of
-        ``timeout`` and the storage's timeout, else the client's socket timeout (a
-        release at least 1 s, as a slot not given back stays taken for its whole
-        lease)."""
+        right after still has its command sent). Its caller waits at most ``wait``
+        seconds, else the client's socket timeout (a release at least 1 s, as a slot
+        not given back stays taken for its whole lease)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        wait = self._bound(timeout)
         if wait is None:  # the pipe reads without redis-py, so its socket timeout is ours
             wait = self._socket_timeout
         if kind == "release" and wait is not None:
@@ -298,7 +322,7 @@ class RedisStorage(Storage):
     def _queue_release(self, lease: Lease) -> asyncio.Future[Any]:
         """The ZREM that gives ``lease``'s slot back, queued for the next flush."""
         name = self._packed_tag(lease.key) + self._encode(counter_suffix(lease.scope, lease.uid))
-        return self._queue("release", pack_release(name, lease.id.encode()))
+        return self._queue("release", pack_release(name, lease.id.encode()), self._bound(None))
 
     def _queue_releases(self, leases: Sequence[Lease]) -> asyncio.Future[Any]:
         """The ZREMs of ``leases``, queued; done when all are answered (one future for
@@ -407,6 +431,30 @@ class RedisStorage(Storage):
             return bool(await self._client.ping())
         except _FAILURES:
             return False
+
+    async def prepare(self) -> None:
+        """See ``Storage.prepare``: connect (Cluster: learn the slot map and every
+        primary), load the scripts, run each command the library uses once in a form
+        that changes nothing (a missing ACL permission shows now) and open connections;
+        a failure raises ``StorageError`` from its cause."""
+        scripts = [decide_script_source(), _lua("renew")]
+        probes = probe_commands(self._script.sha, f"{identity_tag(self.prefix, '')}probe")
+        try:
+            if isinstance(self._client, RedisCluster):
+                await warm_cluster(self._client, scripts, probes, WARM_CONNECTIONS)
+            elif self._pipeline is not None:
+                # The pipelined connection carries the decisions: set it up, load the
+                # script on it and probe through it; the pool serves the rest.
+                await self._queue("decide", pack_script_load(scripts[0]), math.inf)
+                for probe in probes:
+                    await self._queue("decide", pack_command(*probe), math.inf)
+                await warm_client(self._client, scripts[1:], [], 1)
+            else:
+                await warm_client(self._client, scripts, probes, WARM_CONNECTIONS)
+        except _FAILURES as exc:
+            msg = f"redis is not ready: {_cause(exc)}"
+            raise StorageError(msg) from exc
+        self._cold = False
 
     async def close(self) -> None:
         """Close the pipelined connection (callers still waiting on it are cancelled),

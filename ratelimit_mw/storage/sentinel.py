@@ -31,7 +31,7 @@ _SENTINEL_OPTIONS: dict[str, Callable[[str], Any]] = {
 def sentinel_storage_from_url(
     url: str, *, prefix: str = "ratelimit:", timeout: float | None = None,
     usage_retention: UsageRetention = UsageRetention(),  # noqa: B008 - immutable
-    **options: Any,
+    connect_timeout: float | None = None, **options: Any,
 ) -> RedisStorage:
     """A ``RedisStorage`` on the primary that Sentinel names; connects lazily.
 
@@ -41,16 +41,22 @@ def sentinel_storage_from_url(
     and ``sentinel_password`` are the sentinels'. Other query options:
     ``client_name``, ``socket_timeout``, ``socket_connect_timeout``,
     ``max_connections``, ``health_check_interval``. ``timeout`` bounds each call,
-    also to the sentinels. Callers beyond ``max_connections`` (default 100) wait
-    for a turn, up to ``pool_timeout`` seconds (default 5). Other options go to
-    redis-py (``sentinel_kwargs`` to the sentinels' clients).
+    also to the sentinels; ``connect_timeout`` (default: ``timeout``) the set-up of a
+    connection, which decisions arriving meanwhile wait for. Callers beyond
+    ``max_connections`` (default 100) wait for a turn, up to ``pool_timeout`` seconds
+    (default 5). Other options go to redis-py (``sentinel_kwargs`` to the sentinels'
+    clients).
     """
-    client = sentinel_client_from_url(url, timeout=timeout, **options)
-    return RedisStorage(client, prefix=prefix, owns_client=True,
-                        usage_retention=usage_retention, timeout=timeout)
+    client = sentinel_client_from_url(url, timeout=timeout, connect_timeout=connect_timeout,
+                                    **options)
+    return RedisStorage(client, prefix=prefix, owns_client=True, usage_retention=usage_retention,
+                        timeout=timeout, connect_timeout=connect_timeout)
 
 
-def sentinel_client_from_url(url: str, *, timeout: float | None = None, **options: Any) -> Redis:
+def sentinel_client_from_url(
+    url: str, *, timeout: float | None = None, connect_timeout: float | None = None,
+    **options: Any,
+) -> Redis:
     """The ``redis.asyncio.Redis`` client of the primary that ``sentinel_storage_from_url`` uses.
 
     Closing it also closes the connections to the sentinels.
@@ -63,6 +69,8 @@ def sentinel_client_from_url(url: str, *, timeout: float | None = None, **option
         bad_url(url, f"the database after the service must be a number, not {db!r}", _EXAMPLE)
     kwargs = connection_options(url, parsed, {**CONNECTION_OPTIONS, **_SENTINEL_OPTIONS},
                                 timeout=timeout, example=_EXAMPLE)
+    if connect_timeout is not None:
+        kwargs["socket_connect_timeout"] = connect_timeout
     to_sentinels: dict[str, Any] = {
         name: kwargs[name] for name in ("socket_timeout", "socket_connect_timeout")
         if name in kwargs
