@@ -23,6 +23,7 @@ from .errors import ConfigError, StorageError, describe_error
 from .events import Source
 from .policy import Hit
 from .storage import MemoryStorage, Storage
+from .storage.faults import FailureCause, failure_cause
 
 __all__ = ["FAILURE_MODES", "FailureMode", "FailureStats", "GuardedStorage", "check_mode"]
 
@@ -45,10 +46,20 @@ def check_mode(value: object) -> FailureMode:
 
 @dataclass(slots=True)
 class FailureStats:
-    """Counters of the failure policy at work (read them for metrics)."""
+    """Counters of the failure policy at work, since start-up (read them for metrics:
+    ``middleware.limiter.guarded.stats``). Every decision made without the storage is
+    counted once by its cause (``timeouts``, ``connection_errors``, ``other_errors``,
+    ``skipped``) and once by what answered it (``allowed``, ``refused``,
+    ``fallback``)."""
 
     failures: int = 0
-    """Storage calls that failed or timed out."""
+    """Storage calls that failed or timed out (the sum of the three causes below)."""
+    timeouts: int = 0
+    """Calls the storage did not answer in time."""
+    connection_errors: int = 0
+    """Calls that found no connection (refused, lost, reset)."""
+    other_errors: int = 0
+    """Calls that failed otherwise (an error reply, a bug in a custom storage)."""
     skipped: int = 0
     """Storage calls not made because the breaker was open."""
     allowed: int = 0
@@ -57,6 +68,44 @@ class FailureStats:
     """Requests answered 503 (``closed``)."""
     fallback: int = 0
     """Requests decided by the local in-memory limiter (``memory``)."""
+    episodes: int = 0
+    """Outages seen: runs of decisions made without the storage, ended by an answer."""
+
+    @property
+    def without_storage(self) -> int:
+        """Decisions made without the storage, whatever the cause."""
+        return self.failures + self.skipped
+
+    def count(self, cause: FailureCause) -> None:
+        """One failed storage call of ``cause``."""
+        self.failures += 1
+        if cause == "timeout":
+            self.timeouts += 1
+        elif cause == "connection":
+            self.connection_errors += 1
+        else:
+            self.other_errors += 1
+
+
+class _Episode:
+    """One outage, from the first decision made without the storage to its first answer:
+    logged when it begins (with the error) and when it ends (with the counts)."""
+
+    __slots__ = ("at_start", "began")
+
+    def __init__(self, stats: FailureStats, began: float) -> None:
+        self.at_start = (stats.timeouts, stats.connection_errors, stats.other_errors,
+                         stats.skipped)
+        self.began = began
+
+    def summary(self, stats: FailureStats) -> tuple[int, str]:
+        """How many decisions this episode made without the storage, and by cause."""
+        now = (stats.timeouts, stats.connection_errors, stats.other_errors, stats.skipped)
+        timeout, connection, error, skipped = (b - a for a, b in zip(self.at_start, now,
+                                                                       strict=True))
+        return (timeout + connection + error + skipped,
+                f"timeout={timeout} connection={connection} error={error} "
+                f"breaker_open={skipped}")
 
 
 class GuardedStorage:
@@ -67,7 +116,7 @@ class GuardedStorage:
     ``MemoryStorage`` instead, so limits still hold per process.
     """
 
-    __slots__ = ("breaker", "fallback", "mode", "stats", "storage", "timeout")
+    __slots__ = ("_episode", "breaker", "fallback", "mode", "stats", "storage", "timeout")
 
     def __init__(
         self,
@@ -91,6 +140,7 @@ class GuardedStorage:
         )
         self.fallback = MemoryStorage(clock=clock) if self.mode == "memory" else None
         self.stats = FailureStats()
+        self._episode: _Episode | None = None  # the outage going on, if any
 
     @property
     def retry_after(self) -> int:
@@ -107,6 +157,8 @@ class GuardedStorage:
         permit = self.breaker.try_acquire()
         if permit is None:
             self.stats.skipped += 1
+            if self._episode is None:
+                self._begin("the breaker is open")
             return self._degraded(key, hits, usage)
         try:
             verdict = await self.storage.decide_within(self.timeout, key, hits, usage=usage)
@@ -114,19 +166,41 @@ class GuardedStorage:
             # Any failure of the storage (StorageError, TimeoutError, a bug in a custom
             # storage) is the failure policy's business, never a 500.
             permit.record_failure()
-            self.stats.failures += 1
-            _log.warning(
-                "ratelimit_mw storage failure: event=storage_failure mode=%s error=%s",
-                self.mode, describe_error(exc),
-                extra={"ratelimit": {"event": "storage_failure", "mode": self.mode,
-                                     "error": describe_error(exc)}},
-            )
+            self.stats.count(failure_cause(exc))
+            if self._episode is None:
+                self._begin(describe_error(exc))
             return self._degraded(key, hits, usage)
         except BaseException:
             permit.release()
             raise
         permit.record_success()
+        if self._episode is not None:
+            self._end(self._episode)
         return verdict, "storage"
+
+    def _begin(self, error: str) -> None:
+        """The first decision of an outage made without the storage: say so, once."""
+        self._episode = _Episode(self.stats, time.monotonic())
+        _log.warning(
+            "ratelimit_mw storage failure: event=storage_failure mode=%s error=%s; "
+            "decisions are made without the storage until it answers",
+            self.mode, error,
+            extra={"ratelimit": {"event": "storage_failure", "mode": self.mode,
+                                 "error": error}},
+        )
+
+    def _end(self, episode: _Episode) -> None:
+        """The storage answers again: the outage's count, by cause, in one line."""
+        self._episode = None
+        self.stats.episodes += 1
+        count, causes = episode.summary(self.stats)
+        seconds = time.monotonic() - episode.began
+        _log.warning(
+            "ratelimit_mw storage recovered: event=storage_recovered mode=%s "
+            "without_storage=%d seconds=%.1f %s", self.mode, count, seconds, causes,
+            extra={"ratelimit": {"event": "storage_recovered", "mode": self.mode,
+                                 "without_storage": count, "seconds": seconds}},
+        )
 
     async def read(self, call: Callable[[], Awaitable[T]]) -> T:
         """A read of the storage's (the quota endpoints'): refused at once with a

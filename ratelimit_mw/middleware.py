@@ -30,6 +30,7 @@ from .callbacks import is_async_callable
 from .decision import Lease
 from .disconnects import DisconnectWatch, DisconnectWatches
 from .events import DecisionHook, Source
+from .failure import FailureStats
 from .headers import retry_after_value
 from .identity import KeyFunc, identity_from
 from .limiter import STATE_KEY, Limiter
@@ -113,6 +114,11 @@ class RateLimitMiddleware:
     def storage(self) -> Storage:
         """The storage the limits are decided on."""
         return self.limiter.storage
+
+    @property
+    def failure_stats(self) -> FailureStats:
+        """Decisions made without the storage, by cause and by what answered them."""
+        return self.limiter.guarded.stats
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
