@@ -17,7 +17,7 @@ from redis.exceptions import RedisClusterException
 from redis.typing import EncodableT
 
 from .base import DEFAULT_POOL_TIMEOUT, UsageRetention
-from .pool import ConnectionQueue, short_retry
+from .pool import ConnectionQueue, PatientConnection, PatientSSLConnection, short_retry
 from .redis import RedisStorage
 from .urls import CONNECTION_OPTIONS, TLS_OPTIONS, bad_url, connection_options, parse_nodes_url
 
@@ -78,6 +78,12 @@ def cluster_client_from_url(
     except (TypeError, ValueError, RedisClusterException) as exc:
         bad_url(url, str(exc), _CLUSTER_EXAMPLE, cause=exc)
     client.queue = ConnectionQueue(client.connection_kwargs["max_connections"], pool_timeout)
+    # RedisCluster takes no connection class: set it where nodes, known and to be
+    # discovered, take theirs.
+    patient = PatientSSLConnection if tls else PatientConnection
+    client.connection_kwargs["connection_class"] = patient
+    for node in client.startup_nodes:
+        node.connection_class = patient
     return client
 
 

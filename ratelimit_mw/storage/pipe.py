@@ -319,7 +319,7 @@ class Pipeline:
         connection: AbstractConnection = (
             self._client.connection_pool.make_connection())  # type: ignore[no-untyped-call]
         try:
-            await connection.connect()  # type: ignore[no-untyped-call]
+            await _connect_patiently(connection)
             writer = connection._writer  # redis-py's StreamWriter; its transport is ours now
             if writer is None:
                 raise redis_errors.ConnectionError("the connection closed while set up")
@@ -469,6 +469,19 @@ class Pipeline:
         self._inflight.clear()
         if self._retiring:
             await asyncio.gather(*self._retiring, return_exceptions=True)
+
+
+async def _connect_patiently(connection: AbstractConnection) -> None:
+    """Connect ``connection``, its handshake's replies (AUTH, HELLO, SELECT) bounded by
+    the connect timeout: they are part of connecting, not a command that is slow."""
+    read_timeout = connection.socket_timeout
+    connect_timeout = connection.socket_connect_timeout
+    if read_timeout is not None and connect_timeout is not None:
+        connection.socket_timeout = max(read_timeout, connect_timeout)
+    try:
+        await connection.connect()  # type: ignore[no-untyped-call]
+    finally:
+        connection.socket_timeout = read_timeout
 
 
 def _live(entries: list[Queued]) -> list[Queued]:

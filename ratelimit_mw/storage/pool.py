@@ -6,11 +6,12 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from redis.asyncio.connection import Connection, SSLConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-__all__ = ["ConnectionQueue", "short_retry"]
+__all__ = ["ConnectionQueue", "PatientConnection", "PatientSSLConnection", "short_retry"]
 
 
 class ConnectionQueue:
@@ -51,3 +52,29 @@ class ConnectionQueue:
 def short_retry() -> Retry:
     """Three quick retries (10 ms to 250 ms apart): a rate limiter must answer fast."""
     return Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.25), retries=3)
+
+
+class _PatientHandshake:
+    """A connection whose handshake's replies (AUTH, HELLO, SELECT) are bounded by the
+    connect timeout, not the read timeout: they are part of connecting."""
+
+    socket_timeout: float | None
+    socket_connect_timeout: float | None
+
+    async def on_connect_check_health(self, check_health: bool = True) -> None:
+        read_timeout = self.socket_timeout
+        connect_timeout = self.socket_connect_timeout
+        if read_timeout is not None and connect_timeout is not None:
+            self.socket_timeout = max(read_timeout, connect_timeout)
+        try:
+            await super().on_connect_check_health(check_health)  # type: ignore[misc]
+        finally:
+            self.socket_timeout = read_timeout
+
+
+class PatientConnection(_PatientHandshake, Connection):
+    """``Connection`` with a patient handshake."""
+
+
+class PatientSSLConnection(_PatientHandshake, SSLConnection):
+    """``SSLConnection`` with a patient handshake."""
