@@ -32,7 +32,7 @@ MISCONFIGURED: dict[str, tuple[UrlOf, str]] = {
                      "authentication"),
     **{f"user without {name}": (
         lambda r, t, name=name: f"redis://no-{name}:{USER_PASSWORD}@{_port(r)}/0",
-        f"NOPERM") for name in LACKING},
+        "NOPERM") for name in LACKING},
     "database out of range": (lambda r, t: f"redis://:{PASSWORD}@{_port(r)}/99",
                               "database index"),
     "unresolvable host": (lambda r, t: "redis://no-such-host.invalid:6379/0",
