@@ -156,9 +156,9 @@ class GuardedStorage:
         """
         permit = self.breaker.try_acquire()
         if permit is None:
-            self.stats.skipped += 1
             if self._episode is None:
                 self._begin("the breaker is open")
+            self.stats.skipped += 1
             return self._degraded(key, hits, usage)
         try:
             verdict = await self.storage.decide_within(self.timeout, key, hits, usage=usage)
@@ -166,9 +166,9 @@ class GuardedStorage:
             # Any failure of the storage (StorageError, TimeoutError, a bug in a custom
             # storage) is the failure policy's business, never a 500.
             permit.record_failure()
-            self.stats.count(failure_cause(exc))
             if self._episode is None:
                 self._begin(describe_error(exc))
+            self.stats.count(failure_cause(exc))
             return self._degraded(key, hits, usage)
         except BaseException:
             permit.release()

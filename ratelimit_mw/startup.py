@@ -16,7 +16,7 @@ import logging
 
 from .errors import describe_error
 from .storage import Storage
-from .storage.faults import misconfiguration
+from .storage.faults import failure_cause, misconfiguration
 from .workers import claim_group_warning, sibling_workers
 
 __all__ = ["get_ready"]
@@ -40,7 +40,8 @@ async def get_ready(storage: Storage, name: str, *, timeout: float, required: bo
             fault = misconfiguration(exc)
             if fault is not None:
                 return f"ratelimit_mw: storage {name} is misconfigured: {fault}"
-            problem = f"not reachable ({describe_error(exc)})"
+            what = "not reachable" if failure_cause(exc) == "connection" else "not ready"
+            problem = f"{what} ({describe_error(exc)})"
         if required:
             return f"ratelimit_mw: storage {name} is {problem}, and require_storage is set"
         _log.warning("ratelimit_mw: storage %s is %s; serving anyway, failure_mode=%s "

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
+from typing import TypeVar
 
 from redis.asyncio.connection import Connection, SSLConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-__all__ = ["ConnectionQueue", "PatientConnection", "PatientSSLConnection", "short_retry"]
+__all__ = ["ConnectionQueue", "PatientConnection", "PatientSSLConnection", "answer_within",
+           "short_retry"]
+
+T = TypeVar("T")
 
 
 class ConnectionQueue:
@@ -78,3 +82,25 @@ class PatientConnection(_PatientHandshake, Connection):
 
 class PatientSSLConnection(_PatientHandshake, SSLConnection):
     """``SSLConnection`` with a patient handshake."""
+
+
+async def answer_within(call: Awaitable[T], wait: float | None) -> T:
+    """The answer of ``call``, or ``TimeoutError`` when there is none ``wait`` seconds on.
+
+    Unlike ``asyncio.timeout``, an answer that came in time, but was still unread when
+    the deadline passed (this process was busy, or not scheduled: a burst, a loaded
+    host), is taken: the deadline is looked at after the replies already received
+    have been read, as the pipelined connection does. The storage was not slow.
+    """
+    if wait is None:
+        return await call
+    task = asyncio.ensure_future(call)
+    try:
+        await asyncio.wait((task,), timeout=wait)
+    except BaseException:
+        task.cancel()
+        raise
+    if task.done():
+        return task.result()
+    task.cancel()
+    raise TimeoutError

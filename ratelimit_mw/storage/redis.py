@@ -34,6 +34,7 @@ from .base import (
 )
 from .keys import check_prefix, counter_suffix, identity_tag, redis_key
 from .pipe import Kind, Pipeline, Slots
+from .pool import answer_within
 from .warmup import WARM_CONNECTIONS, pack_command, probe_commands, warm_client, warm_cluster
 from .wire import PackedPlan, pack_plan, pack_release, pack_script_load, slots_taken
 
@@ -221,8 +222,7 @@ class RedisStorage(Storage):
                     limit = hit.limit
                     args += (limit.algorithm, limit.amount, limit.period_us, limit.capacity,
                              hit.cost)
-                async with asyncio.timeout(wait):
-                    reply = await self._script(keys=keys, args=args)
+                reply = await answer_within(self._script(keys=keys, args=args), wait)
         except _FAILURES as exc:
             if isinstance(exc, _LOST):
                 self._cold = True

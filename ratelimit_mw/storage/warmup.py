@@ -21,9 +21,12 @@ from .wire import bulk
 
 __all__ = ["WARM_CONNECTIONS", "pack_command", "probe_commands", "warm_client", "warm_cluster"]
 
-WARM_CONNECTIONS = 16
+WARM_CONNECTIONS = 32
 """Connections opened at start-up per Redis server (Cluster: per primary) for the calls
 that take one from a pool; a burst beyond them opens more as it goes."""
+
+
+_ANY_NODE = ("EVALSHA", "TIME")  # probes that name no key: run on every primary
 
 
 def pack_command(*args: bytes) -> bytes:
@@ -58,20 +61,22 @@ async def warm_cluster(client: RedisCluster, scripts: Sequence[str],
     name no key and open ``connections``; the probes that name a key go where it
     lives."""
     await client.initialize()
+    # The cluster client routes by the command's name, which it reads as text.
+    commands = [tuple(arg.decode() for arg in probe) for probe in probes]
     for node in client.get_primaries():
         for script in scripts:
             await client.execute_command("SCRIPT LOAD", script, target_nodes=node)
-        for probe in probes:
-            if probe[0] in (b"EVALSHA", b"TIME"):
-                await client.execute_command(*probe, target_nodes=node)
+        for command in commands:
+            if command[0] in _ANY_NODE:
+                await client.execute_command(*command, target_nodes=node)
 
         def ping(node: Any = node) -> Awaitable[Any]:
             return client.execute_command("PING", target_nodes=node)
 
         await _concurrently(connections, ping)
-    for probe in probes:
-        if probe[0] not in (b"EVALSHA", b"TIME"):
-            await client.execute_command(*probe)
+    for command in commands:
+        if command[0] not in _ANY_NODE:
+            await client.execute_command(*command)
 
 
 async def _concurrently(count: int, call: Callable[[], Awaitable[Any]]) -> None:
