@@ -443,12 +443,12 @@ class RedisStorage(Storage):
             if isinstance(self._client, RedisCluster):
                 await warm_cluster(self._client, scripts, probes, WARM_CONNECTIONS)
             elif self._pipeline is not None:
-                # The pipelined connection carries the decisions: set it up, load the
-                # script on it and probe through it; the pool serves the rest.
-                await self._queue("decide", pack_script_load(scripts[0]), math.inf)
+                # The pipelined connection carries the decisions: set it up, and load
+                # the scripts and probe through it.
+                for script in scripts:
+                    await self._queue("decide", pack_script_load(script), math.inf)
                 for probe in probes:
                     await self._queue("decide", pack_command(*probe), math.inf)
-                await warm_client(self._client, scripts[1:], [], 1)
             else:
                 await warm_client(self._client, scripts, probes, WARM_CONNECTIONS)
         except _FAILURES as exc:
