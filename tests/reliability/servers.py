@@ -46,29 +46,29 @@ ROOT = Path(__file__).resolve().parents[2]
 @contextlib.contextmanager
 def uvicorn_server(
     env: Mapping[str, str], *, workers: int = 1, app: str = "tests.reliability.app:app",
-    timeout: float = 20.0,
+    timeout: float = 20.0, log: Path | None = None,
 ) -> Iterator[str]:
     """``python -m uvicorn app --workers N`` on a free loopback port; yields its base URL.
 
     ``env`` is added to this process's environment. Waits until every worker has
     answered ``/health`` (told apart by ``x-worker-pid``); the whole process group is
-    stopped on exit.
+    stopped on exit. The server's output goes to ``log``, if given.
     """
     port = free_port()
     argv = [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
             "--workers", str(workers), "--log-level", "warning", "--no-access-log",
             "--no-proxy-headers",  # forwarding headers are the middleware's business
             "--lifespan", "on", "--ws", "none"]
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **env}, stdout=log,
+    with open(log, "w+b") if log is not None else tempfile.TemporaryFile() as output:
+        proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **env}, stdout=output,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
         try:
             if not _workers_answer(proc, url, workers, timeout):
-                log.seek(0)
-                output = log.read().decode(errors="replace")[-4000:]
+                output.seek(0)
+                text = output.read().decode(errors="replace")[-4000:]
                 msg = (f"uvicorn on {url} did not start {workers} worker(s) in {timeout} s "
-                       f"(exit code {proc.poll()}):\n{output}")
+                       f"(exit code {proc.poll()}):\n{text}")
                 raise StartupError(msg)
             yield url
         finally:
