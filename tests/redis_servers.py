@@ -33,6 +33,7 @@ __all__ = [
     "RedisProcess",
     "SentinelDeployment",
     "StartupError",
+    "cluster_node",
     "delayed",
     "redis_cluster",
     "redis_cluster_url",
@@ -158,7 +159,8 @@ def _server() -> str:
     return server
 
 
-def _cluster_node(server: str) -> Callable[[Path, int], list[str]]:
+def cluster_node(server: str) -> Callable[[Path, int], list[str]]:
+    """The command line of a Redis Cluster node (for ``RedisProcess``)."""
     def command(workdir: Path, port: int) -> list[str]:
         return [server, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir),
                 "--save", "", "--appendonly", "no", "--cluster-enabled", "yes",
@@ -173,7 +175,7 @@ class ClusterDeployment:
         server = _server()
         self.workdir = workdir
         self.nodes = [
-            RedisProcess(f"cluster node {i}", self._dir(f"node{i}"), _cluster_node(server))
+            RedisProcess(f"cluster node {i}", self._dir(f"node{i}"), cluster_node(server))
             for i in range(3)
         ]
 

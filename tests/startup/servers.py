@@ -11,7 +11,8 @@ import asyncio
 import shutil
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,10 @@ from typing import Any
 from starlette.types import ASGIApp, Message
 
 from tests.conftest import free_port
-from tests.redis_servers import RedisProcess, StartupError
+from tests.redis_servers import ClusterDeployment, RedisProcess, StartupError, cluster_node
 
-__all__ = ["LACKING", "PASSWORD", "USER_PASSWORD", "TLSRedis", "lifespan", "locked_redis",
-           "tls_redis"]
+__all__ = ["LACKING", "PASSWORD", "USER_PASSWORD", "TLSRedis", "cluster_replica", "lifespan",
+           "locked_redis", "tls_redis"]
 
 PASSWORD = "s3cret-pw"
 USER_PASSWORD = "user-pw"
@@ -148,3 +149,28 @@ async def lifespan(app: ASGIApp, timeout: float = 30.0) -> AsyncIterator[Message
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+def cluster_replica(cluster: ClusterDeployment, of: RedisProcess) -> RedisProcess:
+    """Start a node that joins ``cluster`` as a replica of its primary ``of``, and wait
+    until it has synced (the caller kills it)."""
+    workdir = Path(tempfile.mkdtemp(prefix="rl-startup-replica-"))
+    replica = RedisProcess("cluster replica", workdir, cluster_node(_server()))
+    replica.start()
+    replica.call("CLUSTER", "MEET", "127.0.0.1", of.port)
+    primary_id = cluster.node_id(of)
+    _wait(lambda: primary_id in replica.call("CLUSTER", "NODES"), "the replica to meet")
+    replica.call("CLUSTER", "REPLICATE", primary_id)
+    _wait(lambda: replica.info("replication").get("master_link_status") == "up",
+          "the replica to sync")
+    cluster.wait_until_ok()
+    return replica
+
+
+def _wait(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            msg = f"timed out after {timeout} s waiting for {what}"
+            raise StartupError(msg)
+        time.sleep(0.05)
