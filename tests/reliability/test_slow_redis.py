@@ -51,7 +51,10 @@ async def _run(redis: RedisProcess, delay: float, mode: str, seconds: float,
             Starlette(routes=[Route("/", ok)]), tiers=[Tier("t", "1000000/day")],
             storage_url=f"redis://127.0.0.1:{proxy.port}/0", storage_prefix="rlrel:slow:",
             storage_timeout=timeout, recovery_interval=0.3, failure_mode=mode,
-            on_decision=events.append)
+            # A connection being made is waited for up to its own timeout (1 s by
+            # default); here it is as short as a decision's, so every request is bounded
+            # by the storage timeout (and a Redis this far never connects at all).
+            storage_connect_timeout=timeout, on_decision=events.append)
         latencies: list[float] = []
         responses: list[httpx.Response] = []
         transport = httpx.ASGITransport(app=app, client=("192.0.2.1", 1234))
