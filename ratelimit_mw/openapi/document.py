@@ -191,11 +191,12 @@ class _Limits:
             rows.append(f"| {tier.name}{default} | {written} | {tier.concurrency or '-'} |")
         document["x-ratelimit-tiers"] = described
         info: JSON = document.setdefault("info", {})
+        slots = (f" A request in flight holds its slot until it ends, {lease:g} s at most."
+                 if any(tier.concurrency for tier in tiers.tiers.values()) else "")
         text = ("## Rate limits\n\nEvery limited operation counts against the limits of the "
                 "caller's tier; some add limits of their own (`x-ratelimit`). Each response "
                 "reports the limit closest to exhaustion in its headers; a refused request "
-                f"gets 429 with `Retry-After`. A request in flight holds its slot for at "
-                f"most {lease:g} s.\n\n" + "\n".join(rows))
+                f"gets 429 with `Retry-After`.{slots}\n\n" + "\n".join(rows))
         info["description"] = f"{info.get('description', '')}\n\n{text}".strip()
 
 
