@@ -83,7 +83,9 @@ SCHEMAS: dict[str, JSON] = {
     "ServiceUnavailable": error_schema(
         ["rate_limit_unavailable", "service_unavailable", "idempotency_unavailable"],
         "The request was not tried: a store or a dependency is down (503).", {
-            "retry_after_seconds": {**_WAIT, "type": "integer"},
+            "retry_after_seconds": {"type": "integer", "minimum": 0,
+                                    "description": "Whole seconds to wait before retrying "
+                                                   "(as Retry-After)."},
             "circuit": {"type": "string", "description": "The circuit breaker that refused."},
             "circuit_state": {"type": "string", "enum": ["open", "half_open"]},
         }, ("retry_after_seconds",)),

@@ -40,6 +40,7 @@ __all__ = ["document_limits"]
 
 _log = logging.getLogger("ratelimit_mw")
 _CONVERTOR = re.compile(r"\{([^}:]+):[^}]*\}")
+_DOCUMENTED = "__ratelimit_documented__"
 
 
 def document_limits(app: FastAPI) -> None:
@@ -57,6 +58,8 @@ def document_limits(app: FastAPI) -> None:
         msg = (f"document_limits needs a FastAPI app (one that makes an OpenAPI "
                f"document), got {app!r}")
         raise TypeError(msg)
+    if getattr(make, _DOCUMENTED, False):
+        return  # called twice: describing twice would say everything twice
     app.exception_handlers.setdefault(CircuitOpenError, circuit_open_handler)
     described: list[JSON] = []  # the document last described (a new one when routes change)
 
@@ -67,6 +70,7 @@ def document_limits(app: FastAPI) -> None:
             described[:] = [document]
         return document
 
+    setattr(openapi, _DOCUMENTED, True)
     app.openapi = openapi  # type: ignore[method-assign]
 
 
@@ -83,6 +87,7 @@ def _stack(app: FastAPI) -> list[Any]:
 
 
 def _describe(document: JSON, app: FastAPI) -> None:
+    """Add to ``document`` what the middleware of ``app`` answers on its operations."""
     stack = _stack(app)
     limiter = next((m for m in stack if isinstance(m, RateLimitMiddleware)), None)
     keyed = next((m for m in stack if isinstance(m, IdempotencyMiddleware)), None)

@@ -353,6 +353,9 @@ def test_a_new_route_gets_described_too() -> None:
 
     assert "429" in operation(app, "/later")["responses"]
     assert app.openapi() is app.openapi()  # and described once
+    document_limits(app)  # twice: still described once
+    assert app.openapi()["info"]["description"].count("## Rate limits") == 1
+    assert operation(app, "/later")["description"].count("Rate limited") == 1
 
 
 def test_a_tier_header_app_and_an_app_without_the_middleware() -> None:
