@@ -81,21 +81,21 @@ class RouteTable:
         return spec
 
     def _resolve(self, scope: Scope, method: str, path: str) -> RouteSpec:
-        if any(rule.matches(method, path) for rule in self.exempt_rules):
-            return EXEMPT
-        rules = [rule for rule in self.rules if rule.matches(method, path)]
         router = self._router if self._router is not None else find_router(scope.get("app"))
         found = match_route(router.routes, scope, "") if router is not None else None
         if found is None:
-            return _spec(path, (), rules, False, None) if rules else NO_ROUTE
+            return self._spec_of(None, method, path, path)
         label, route = found
         return self._spec_of(route, method, label, path)
 
     def _spec_of(self, route: Any, method: str, label: str, path: str) -> RouteSpec:
-        """The spec of ``route`` answering ``method``, for a request path ``path``."""
+        """The spec of ``route`` (None: no route of the app) answering ``method``, for a
+        request path ``path``."""
         if any(rule.matches(method, path) for rule in self.exempt_rules):
             return EXEMPT
         rules = [rule for rule in self.rules if rule.matches(method, path)]
+        if route is None:
+            return _spec(path, (), rules, False, None) if rules else NO_ROUTE
         marks, is_exempt, route_cost = _endpoint_marks(route, method)
         return _spec(label, marks, rules, is_exempt, route_cost, _methods(route, method))
 
