@@ -29,7 +29,6 @@ from ..headers import HeaderFormat
 from ..idempotency import IdempotencyMiddleware
 from ..middleware import RateLimitMiddleware
 from ..route_table import dependency_calls
-from ..routes import RouteSpec
 from .components import HEADERS, JSON, SCHEMAS, limit_info, ref, style_headers
 from .operations import add_header, add_response, idempotency_parameter, unavailable
 
@@ -154,18 +153,17 @@ class _Limits:
         shadow = self.settings.shadow
         if not shadow and any(plan.enforced for plan in plans):
             self._too_many(operation, refs)
-        operation["x-ratelimit"] = {
-            "cost": spec.cost,
-            "limits": [limit_info(hit.limit.name, hit.limit, shadow=hit in spec.shadow)
-                       for hit in spec.hits],
-        }
-        text = _operation_text(spec)
+        limits = [limit_info(hit.limit.name, hit.limit, shadow=hit in spec.shadow)
+                  for hit in spec.hits]
+        operation["x-ratelimit"] = {"cost": spec.cost, "limits": limits}
+        text = _operation_text(spec.cost, limits)
         operation["description"] = f"{operation.get('description', '')}\n\n{text}".strip()
         if self.settings.failure_mode == "closed" and not shadow:
             return ["the rate limiter's storage is down and failure_mode is 'closed'"]
         return []
 
     def _too_many(self, operation: JSON, refs: dict[str, JSON]) -> None:
+        """The 429, with the rate-limit headers ``refs`` and Retry-After."""
         headers = {**refs, "Retry-After": ref("headers", "Retry-After")}
         description = ("Too many requests: a limit of the caller's tier or of this "
                        "operation is used up. Retry after Retry-After seconds.")
@@ -214,14 +212,13 @@ def _limit_text(info: JSON) -> str:
     return f"{info['name']}: {info['rate']}{burst} ({info['algorithm']}{shadow})"
 
 
-def _operation_text(spec: RouteSpec) -> str:
-    """The operation's description of its limits."""
-    cost = "" if spec.cost == 1 else f" Each request counts {spec.cost}."
-    text = f"**Rate limited** by the caller's tier (see the tiers above).{cost}"
-    own = [limit_info(hit.limit.name, hit.limit, shadow=hit in spec.shadow)
-           for hit in spec.hits]
-    if own:
-        text += " Limits of its own: " + "; ".join(map(_limit_text, own)) + "."
+def _operation_text(cost: int, limits: list[JSON]) -> str:
+    """The operation's description of its cost and its own ``limits``."""
+    text = "**Rate limited** by the caller's tier (see the tiers above)."
+    if cost != 1:
+        text += f" Each request counts {cost}."
+    if limits:
+        text += " Limits of its own: " + "; ".join(map(_limit_text, limits)) + "."
     return text
 
 

@@ -22,6 +22,7 @@ from ratelimit_mw import (
     Tier,
     TierFromHeader,
     breaker_dependency,
+    cost,
     exempt,
     limit,
 )
@@ -174,6 +175,22 @@ def test_route_limits_and_the_tiers_are_described() -> None:
     ]
     assert ("| free (default) | burst: 10/minute, bursts of 20 (token_bucket); daily: "
             "1000/day (fixed_window) | 2 |") in document["info"]["description"]
+
+
+def test_a_route_cost_is_described() -> None:
+    """@cost: what each request counts against the tier's limits, in x-ratelimit and
+    in words."""
+    app = FastAPI()
+
+    @app.get("/export")
+    @cost(5)
+    async def export() -> dict[str, str]:
+        return {"export": "queued"}
+
+    app.add_middleware(RateLimitMiddleware, tiers=TIERS)
+    document_limits(app)
+    assert operation(app, "/export")["x-ratelimit"] == {"cost": 5, "limits": []}
+    assert "Each request counts 5." in operation(app, "/export")["description"]
 
 
 def test_rules_from_configuration_are_described() -> None:
