@@ -40,7 +40,7 @@ RATE = "1000/minute"
 
 def our_limit(algorithm: str, rate: str = RATE) -> Limit:
     burst = int(rate.split("/")[0]) if algorithm in ("token_bucket", "gcra") else None
-    return Limit.parse(rate, algorithm, burst=burst)
+    return Limit(rate, algorithm, burst=burst)
 
 
 def three_limits() -> list[Hit]:

@@ -101,9 +101,9 @@ def create_app() -> Starlette:
         from ratelimit_mw.policy import Limit
 
         tier = Tier("t", [
-            Limit.parse(f"{_HUGE}/minute", "token_bucket", burst=_HUGE, name="burst"),
-            Limit.parse(f"{_HUGE}/hour", "sliding_window", name="hourly"),
-            Limit.parse(f"{_HUGE}/day", "fixed_window", name="daily"),
+            Limit(f"{_HUGE}/minute", "token_bucket", burst=_HUGE, name="burst"),
+            Limit(f"{_HUGE}/hour", "sliding_window", name="hourly"),
+            Limit(f"{_HUGE}/day", "fixed_window", name="daily"),
         ], concurrency=_HUGE)
         url = "memory://" if kind == "memory-tier" else redis_url
         # A generous storage timeout: under full load the default 50 ms can pass while

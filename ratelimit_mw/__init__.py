@@ -25,9 +25,9 @@ if TYPE_CHECKING:
     )
     from .identity import APIKey, AuthenticatedUser, Caller
     from .middleware import RateLimitMiddleware
-    from .policy import ALGORITHM_NAMES, AlgorithmName, Hit, Limit, limits_from
-    from .quota import QuotaEndpoints, quota_router, quota_routes
-    from .rates import Rate, parse_rate, parse_rates
+    from .policy import ALGORITHM_NAMES, AlgorithmName, Hit, Limit
+    from .quota import quota_router
+    from .rates import Rate, parse_rate
     from .responses import Denial
     from .routes import RouteLimit, RouteRule, cost, exempt, limit
     from .settings import RateLimitSettings
@@ -59,7 +59,6 @@ _EXPORTS = {
     "MemoryIdempotencyStore": "idempotency",
     "MemoryStorage": "storage",
     "NEVER": "decision",
-    "QuotaEndpoints": "quota",
     "Rate": "rates",
     "RateLimitError": "errors",
     "RateLimitMiddleware": "middleware",
@@ -83,11 +82,8 @@ _EXPORTS = {
     "cost": "routes",
     "exempt": "routes",
     "limit": "routes",
-    "limits_from": "policy",
     "parse_rate": "rates",
-    "parse_rates": "rates",
     "quota_router": "quota",
-    "quota_routes": "quota",
     "storage_from_url": "storage",
 }
 
@@ -115,7 +111,6 @@ __all__ = [
     "Limit",
     "MemoryIdempotencyStore",
     "MemoryStorage",
-    "QuotaEndpoints",
     "Rate",
     "RateLimitError",
     "RateLimitMiddleware",
@@ -139,11 +134,8 @@ __all__ = [
     "cost",
     "exempt",
     "limit",
-    "limits_from",
     "parse_rate",
-    "parse_rates",
     "quota_router",
-    "quota_routes",
     "storage_from_url",
 ]
 

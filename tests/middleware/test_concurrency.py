@@ -120,7 +120,7 @@ async def test_full_slot_consumes_no_rate_and_is_never_cached_as_blocked(
     """Denied by the slot: the rate limit is untouched, and the denial is not kept in the
     blocked-keys cache (the next request after a slot frees passes at the same instant)."""
     gate = Gate()
-    tier = Tier("t", [Limit.parse("3/minute", "fixed_window", name="rate")], concurrency=1)
+    tier = Tier("t", [Limit("3/minute", "fixed_window", name="rate")], concurrency=1)
     app = make_app(gate.routes(), tiers=[tier], storage=memory, clock=clock)
     async with client_for(app) as client:
         held = asyncio.ensure_future(client.get("/wait"))
@@ -136,7 +136,7 @@ async def test_full_slot_consumes_no_rate_and_is_never_cached_as_blocked(
 
 async def test_rate_denial_takes_no_slot(clock: FakeClock, memory: MemoryStorage) -> None:
     """Over the rate limit: 429 from the rate, and no slot is held afterwards."""
-    tier = Tier("t", [Limit.parse("1/minute", "fixed_window")], concurrency=5)
+    tier = Tier("t", [Limit("1/minute", "fixed_window")], concurrency=5)
     app = make_app(Gate().routes(), tiers=[tier], storage=memory, clock=clock)
     async with client_for(app) as client:
         assert (await client.get("/")).status_code == 200
@@ -152,7 +152,7 @@ async def test_shadow_only_denial_still_takes_and_returns_a_slot(
     """A request let through by a shadow limit is decided again on the enforced limits,
     slot included, and gives that slot back."""
     gate = Gate()
-    tier = Tier("t", [Limit.parse("1/minute", "fixed_window", name="trial")],
+    tier = Tier("t", [Limit("1/minute", "fixed_window", name="trial")],
                 concurrency=1, shadow=frozenset({"trial"}))
     app = make_app(gate.routes(), tiers=[tier], storage=memory, clock=clock)
     async with client_for(app) as client:
@@ -241,7 +241,7 @@ async def test_redis_slots_are_taken_atomically_and_given_back(
     slot is back (ZREM) after the requests end; usage is counted in the same call."""
     gate = Gate()
     storage = RedisStorage.from_url(redis_url, prefix=redis_prefix)
-    tier = Tier("t", [Limit.parse("3/minute", "fixed_window", name="rate")], concurrency=1)
+    tier = Tier("t", [Limit("3/minute", "fixed_window", name="rate")], concurrency=1)
     app = make_app(gate.routes(), tiers=[tier], storage=storage, quota_history=True)
     try:
         async with client_for(app) as client:
