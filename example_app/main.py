@@ -27,19 +27,20 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ratelimit_mw import (
-    CircuitBreaker,
-    CircuitOpenError,
     IdempotencyMiddleware,
-    IdempotencyStore,
-    MemoryIdempotencyStore,
     RateLimitMiddleware,
     RateLimitSettings,
-    RedisIdempotencyStore,
     TierByAPIKey,
-    breaker_dependency,
     exempt,
     limit,
     quota_router,
+)
+from ratelimit_mw.breaker import CircuitBreaker, CircuitOpenError
+from ratelimit_mw.breaker.guard import breaker_dependency
+from ratelimit_mw.idempotency import (
+    IdempotencyStore,
+    MemoryIdempotencyStore,
+    RedisIdempotencyStore,
 )
 
 TIERS_FILE = Path(__file__).with_name("tiers.toml")

@@ -13,7 +13,9 @@ from collections.abc import AsyncIterator, Awaitable
 
 import pytest
 
-from ratelimit_mw import ALGORITHM_NAMES, Hit, Limit, RedisStorage, StorageError, Verdict
+from ratelimit_mw import Hit, Limit, RedisStorage, StorageError
+from ratelimit_mw.decision import Verdict
+from ratelimit_mw.policy import ALGORITHM_NAMES
 from ratelimit_mw.storage.keys import redis_key
 from tests.engine.test_storage import limit_for
 from tests.redis_servers import ClusterDeployment, StorageFactory, storage_factory

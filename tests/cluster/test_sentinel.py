@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from ratelimit_mw import Hit, Limit, RedisStorage, StorageError, Verdict
+from ratelimit_mw import Hit, Limit, RedisStorage, StorageError
+from ratelimit_mw.decision import Verdict
 from tests.redis_servers import SentinelDeployment, StorageFactory, storage_factory
 
 

@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ratelimit_mw import ALGORITHM_NAMES, Limit
+from ratelimit_mw import Limit
 from ratelimit_mw.algorithms import ALGORITHMS, NEVER_US, decide, run
+from ratelimit_mw.policy import ALGORITHM_NAMES
 
 START = 1_700_000_040_000_000  # a multiple of every window below: windows start here
 S = 1_000_000
@@ -161,7 +162,7 @@ def test_sliding_window_table() -> None:
 def _limit(algorithm: str, amount: int, period: int, burst: int | None) -> Limit:
     burstable = algorithm in ("token_bucket", "gcra")
     return Limit(Limit(f"{amount}/{period} seconds").rate, algorithm,  # type: ignore[arg-type]
-                 burst if burstable else None)
+                 burst=burst if burstable else None)
 
 
 steps = st.lists(st.tuples(st.integers(0, 4 * S), st.integers(0, 4)), min_size=1, max_size=30)

@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from ratelimit_mw import ALGORITHM_NAMES, Hit, Limit, MemoryStorage, RedisStorage, Verdict
+from ratelimit_mw import Hit, Limit, MemoryStorage, RedisStorage
+from ratelimit_mw.decision import Verdict
+from ratelimit_mw.policy import ALGORITHM_NAMES
 from tests.conftest import FakeClock, on_clock
 
 

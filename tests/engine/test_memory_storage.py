@@ -60,7 +60,7 @@ async def test_hourly_history_kept_longer_than_the_daily_one_survives() -> None:
     """With more hours kept than days (48 hours, 1 day), a caller's hourly buckets stay
     for their own retention: the caller is not forgotten when its daily one ends (as
     Redis keeps each bucket for its own)."""
-    from ratelimit_mw import UsageRetention
+    from ratelimit_mw.storage.base import UsageRetention
 
     midnight = 1_800_000_000 - 1_800_000_000 % 86400
     clock = FakeClock(midnight + 10 * 3600.0)
@@ -77,7 +77,7 @@ async def test_hourly_history_kept_longer_than_the_daily_one_survives() -> None:
 async def test_usage_history_stays_within_its_retention() -> None:
     """A key counted for weeks keeps no more hourly and daily buckets than the retention
     (memory stays bounded), and still reports the newest ones exactly."""
-    from ratelimit_mw import UsageRetention
+    from ratelimit_mw.storage.base import UsageRetention
 
     clock = FakeClock(1_800_000_000.0 - 1_800_000_000 % 86400)
     storage = MemoryStorage(clock=clock, usage_retention=UsageRetention(hours=5, days=3))

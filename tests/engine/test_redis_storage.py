@@ -11,19 +11,11 @@ import pytest
 import redis.asyncio as aioredis
 from redis.crc import key_slot
 
-from ratelimit_mw import (
-    ALGORITHM_NAMES,
-    ConfigError,
-    Hit,
-    Limit,
-    MemoryStorage,
-    Rate,
-    RedisStorage,
-    storage_from_url,
-)
+from ratelimit_mw import ConfigError, Hit, Limit, MemoryStorage, RedisStorage, storage_from_url
 from ratelimit_mw.errors import StorageError
 from ratelimit_mw.middleware import RateLimitMiddleware
-from ratelimit_mw.rates import MAX_PERIOD
+from ratelimit_mw.policy import ALGORITHM_NAMES
+from ratelimit_mw.rates import MAX_PERIOD, Rate
 from ratelimit_mw.settings import RateLimitSettings
 from ratelimit_mw.storage import check_storage_url, pipe
 from ratelimit_mw.storage.cluster import cluster_storage_from_url

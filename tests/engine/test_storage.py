@@ -6,7 +6,9 @@ import asyncio
 
 import pytest
 
-from ratelimit_mw import ALGORITHM_NAMES, NEVER, Hit, Limit, MemoryStorage, Storage
+from ratelimit_mw import Hit, Limit, MemoryStorage, Storage
+from ratelimit_mw.decision import NEVER
+from ratelimit_mw.policy import ALGORITHM_NAMES
 from tests.conftest import FakeClock, StorageFactory
 
 

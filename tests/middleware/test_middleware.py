@@ -16,9 +16,11 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from ratelimit_mw import Hit, Lease, Limit, MemoryStorage, Rate, Storage, Verdict
+from ratelimit_mw import Hit, Limit, MemoryStorage, Storage
+from ratelimit_mw.decision import Lease, Verdict
 from ratelimit_mw.events import DecisionEvent
 from ratelimit_mw.middleware import RateLimitMiddleware
+from ratelimit_mw.rates import Rate
 from ratelimit_mw.responses import Denial
 from ratelimit_mw.tiers import Tier
 from tests.conftest import FakeClock
