@@ -58,6 +58,8 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
+from ratelimit_mw import RateLimitSettings
+
 APPS = ("bare", "headers", "quiet", "memory", "redis", "denial", "memory-tier", "redis-tier")
 PEERS = (  # the other libraries doing the same job, from benchmarks/peer_apps.py
     "limits-memory", "limits-redis", "slowapi-memory", "slowapi-redis",
@@ -89,14 +91,23 @@ def create_app() -> Starlette:
     redis_url = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/0")
     prefix = os.environ.get("BENCH_PREFIX", "bench:")
     if kind == "memory":
-        app.add_middleware(RateLimitMiddleware, tiers=[Tier("t", "1000000000/minute")],
-                           storage_url="memory://")
+        app.add_middleware(
+            RateLimitMiddleware,
+            tiers=[Tier("t", "1000000000/minute")],
+            settings=RateLimitSettings(storage_url="memory://"),
+        )
     elif kind == "quiet":
-        app.add_middleware(RateLimitMiddleware, tiers=[Tier("t", "1000000000/minute")],
-                           storage_url="memory://", header_style="none")
+        app.add_middleware(
+            RateLimitMiddleware,
+            tiers=[Tier("t", "1000000000/minute")],
+            settings=RateLimitSettings(storage_url="memory://", header_style="none"),
+        )
     elif kind == "redis":
-        app.add_middleware(RateLimitMiddleware, tiers=[Tier("t", "1000000000/minute")],
-                           storage_url=redis_url, storage_prefix=prefix)
+        app.add_middleware(
+            RateLimitMiddleware,
+            tiers=[Tier("t", "1000000000/minute")],
+            settings=RateLimitSettings(storage_url=redis_url, storage_prefix=prefix),
+        )
     elif kind in ("memory-tier", "redis-tier"):
         from ratelimit_mw.policy import Limit
 
@@ -108,11 +119,22 @@ def create_app() -> Starlette:
         url = "memory://" if kind == "memory-tier" else redis_url
         # A generous storage timeout: under full load the default 50 ms can pass while
         # the event loop is busy, and the fail-open path would be measured instead.
-        app.add_middleware(RateLimitMiddleware, tiers=[tier], storage_url=url,
-                           storage_prefix=prefix, quota_history=True, storage_timeout=2.0)
+        app.add_middleware(
+            RateLimitMiddleware,
+            tiers=[tier],
+            settings=RateLimitSettings(
+                storage_url=url,
+                storage_prefix=prefix,
+                quota_history=True,
+                storage_timeout=2.0,
+            ),
+        )
     elif kind == "denial":
-        app.add_middleware(RateLimitMiddleware, tiers=[Tier("t", "1/hour")],
-                           storage_url=redis_url, storage_prefix=prefix)
+        app.add_middleware(
+            RateLimitMiddleware,
+            tiers=[Tier("t", "1/hour")],
+            settings=RateLimitSettings(storage_url=redis_url, storage_prefix=prefix),
+        )
     elif kind in PEERS:
         from peer_apps import build  # benchmarks/ is uvicorn's --app-dir
 

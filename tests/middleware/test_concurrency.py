@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ratelimit_mw import Hit, Limit, MemoryStorage, RedisStorage, Storage
+from ratelimit_mw import Hit, Limit, MemoryStorage, RateLimitSettings, RedisStorage, Storage
 from ratelimit_mw.middleware import RateLimitMiddleware
 from ratelimit_mw.storage import pipe
 from ratelimit_mw.tiers import Tier
@@ -188,7 +188,11 @@ def test_a_bad_lease_fails_at_start() -> None:
     from pydantic import ValidationError
 
     with pytest.raises(ValidationError, match="concurrency_lease must be a positive"):
-        RateLimitMiddleware(make_app(), tiers=[Tier("t", "1/minute")], concurrency_lease=0)
+        RateLimitMiddleware(
+            make_app(),
+            tiers=[Tier("t", "1/minute")],
+            settings=RateLimitSettings(concurrency_lease=0),
+        )
 
 
 # -- storage down: the failure mode decides ---------------------------------------------
@@ -602,8 +606,12 @@ async def test_redis_slot_comes_back_however_the_app_call_ends(
 
     # A generous timeout: a garbage collection of the test process (50 ms and more
     # here) must not time the first decision out (it would take no slot).
-    middleware = RateLimitMiddleware(app, tiers=[Tier("t", "1000/minute", concurrency=1)],
-                                     storage=storage, storage_timeout=1.0)
+    middleware = RateLimitMiddleware(
+        app,
+        tiers=[Tier("t", "1000/minute", concurrency=1)],
+        storage=storage,
+        settings=RateLimitSettings(storage_timeout=1.0),
+    )
     scope = {"type": "http", "method": "GET", "path": "/", "headers": [],
              "query_string": b"", "client": CLIENT}
     released: list[str] = []
@@ -691,8 +699,12 @@ async def test_the_apps_own_error_survives_a_failed_give_back(
     async def send(message: Any) -> None:
         pass
 
-    middleware = RateLimitMiddleware(app, tiers=[Tier("t", "5/minute", concurrency=2)],
-                                     storage=_ReleaseFails(), limit_websockets=True)
+    middleware = RateLimitMiddleware(
+        app,
+        tiers=[Tier("t", "5/minute", concurrency=2)],
+        storage=_ReleaseFails(),
+        settings=RateLimitSettings(limit_websockets=True),
+    )
     scope = {"type": kind, "method": "GET", "path": "/", "headers": [], "query_string": b"",
              "client": CLIENT}
     with pytest.raises(RuntimeError, match="the app's own error"):

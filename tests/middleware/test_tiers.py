@@ -6,7 +6,7 @@ import pytest
 from starlette.applications import Starlette
 from starlette.types import Scope
 
-from ratelimit_mw import ConfigError, Limit, MemoryStorage
+from ratelimit_mw import ConfigError, Limit, MemoryStorage, RateLimitSettings
 from ratelimit_mw.middleware import RateLimitMiddleware
 from ratelimit_mw.tiers import Tier, TierByAPIKey, TierFromHeader
 from tests.conftest import FakeClock
@@ -104,8 +104,12 @@ async def test_tier_header_is_believed_only_from_trusted_proxies(
     assert claimed == [200, 429]
     assert through.headers["x-ratelimit-limit"] == "100"
     assert "taken from the x-plan header of every client" not in caplog.text
-    RateLimitMiddleware(Starlette().router, tiers=[Tier("free", "1/minute"), PRO],
-                        storage=memory, tier_header="x-plan")
+    RateLimitMiddleware(
+        Starlette().router,
+        tiers=[Tier("free", "1/minute"), PRO],
+        storage=memory,
+        settings=RateLimitSettings(tier_header="x-plan"),
+    )
     assert "taken from the x-plan header of every client" in caplog.text
 
 
@@ -122,8 +126,12 @@ def test_resolver_naming_unknown_tier_fails_at_startup(memory: MemoryStorage) ->
 def test_unknown_default_tier_fails_at_startup(memory: MemoryStorage) -> None:
     """default_tier must be one of the tiers."""
     with pytest.raises(ConfigError, match="unknown tier 'gold'"):
-        RateLimitMiddleware(Starlette().router, tiers=[FREE], storage=memory,
-                            default_tier="gold")
+        RateLimitMiddleware(
+            Starlette().router,
+            tiers=[FREE],
+            storage=memory,
+            settings=RateLimitSettings(default_tier="gold"),
+        )
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

@@ -14,11 +14,18 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from ratelimit_mw import Limit, MemoryStorage, RedisStorage, Storage, StorageError
+from ratelimit_mw import (
+    Limit,
+    MemoryStorage,
+    RateLimitSettings,
+    RedisStorage,
+    Storage,
+    StorageError,
+)
 from ratelimit_mw.middleware import RateLimitMiddleware
 from ratelimit_mw.quota import quota_router
 from ratelimit_mw.tiers import Tier, TierByAPIKey
-from tests.conftest import FakeClock, on_clock
+from tests.conftest import FakeClock, middleware_arguments, on_clock
 
 JAN_31 = datetime(2024, 1, 31, 23, 58, 30, tzinfo=UTC).timestamp()
 KEYS = {"key-a": "gold", "key-b": "basic"}
@@ -71,9 +78,9 @@ async def build(
             app = Starlette(routes=[Route("/hello", hello), *quota_router(
                 allow_anonymous=options.pop("anonymous", False)).routes])
         options.setdefault("quota_history", True)
-        app.add_middleware(RateLimitMiddleware, tiers=options.pop("tiers", TIERS), key="api_key",
-                           tier_resolver=TierByAPIKey(KEYS), storage=storage, clock=clock,
-                           default_tier="basic", **options)
+        app.add_middleware(RateLimitMiddleware, **middleware_arguments(
+            tiers=options.pop("tiers", TIERS), key="api_key", tier_resolver=TierByAPIKey(KEYS),
+            storage=storage, clock=clock, default_tier="basic", **options))
         made = httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=client),
                                  base_url="http://test")
         clients.append(made)
@@ -302,9 +309,15 @@ async def test_on_redis_today_and_the_period_are_redis_s_whatever_the_app_clock(
 
     storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, usage_retention=(168, 90))
     app = Starlette(routes=[Route("/", hello), *quota_router().routes])
-    app.add_middleware(RateLimitMiddleware, storage=storage, tiers=TIERS,
-                       tier_resolver=TierByAPIKey(KEYS), key="api_key", quota_history=True,
-                       clock=lambda: time.time() - 86_400 * behind)
+    app.add_middleware(
+        RateLimitMiddleware,
+        storage=storage,
+        tiers=TIERS,
+        tier_resolver=TierByAPIKey(KEYS),
+        key="api_key",
+        clock=lambda: time.time() - 86_400 * behind,
+        settings=RateLimitSettings(quota_history=True),
+    )
     transport = httpx.ASGITransport(app=app, client=("198.51.100.4", 1))
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
@@ -339,9 +352,14 @@ async def test_while_the_storage_rests_the_quota_is_refused_at_once() -> None:
             raise StorageError("redis went away")
 
     app = Starlette(routes=[Route("/hello", hello), *quota_router().routes])
-    app.add_middleware(RateLimitMiddleware, tiers=TIERS, key="api_key",
-                       tier_resolver=TierByAPIKey(KEYS), storage=Down(), quota_history=True,
-                       recovery_interval=30.0)
+    app.add_middleware(
+        RateLimitMiddleware,
+        tiers=TIERS,
+        key="api_key",
+        tier_resolver=TierByAPIKey(KEYS),
+        storage=Down(),
+        settings=RateLimitSettings(quota_history=True, recovery_interval=30.0),
+    )
     transport = httpx.ASGITransport(app=app, client=("198.51.100.4", 1))
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         for _ in range(20):  # the decisions fail (fail open) until the breaker opens
@@ -369,9 +387,14 @@ async def test_failing_quota_reads_leave_the_decisions_storage_on(
             raise StorageError("Error 111 connecting to 10.0.3.7:6379. Connection refused.")
 
     app = Starlette(routes=[Route("/hello", hello), *quota_router().routes])
-    app.add_middleware(RateLimitMiddleware, tiers=TIERS, key="api_key",
-                       tier_resolver=TierByAPIKey(KEYS), storage=SlowReports(),
-                       quota_history=True)
+    app.add_middleware(
+        RateLimitMiddleware,
+        tiers=TIERS,
+        key="api_key",
+        tier_resolver=TierByAPIKey(KEYS),
+        storage=SlowReports(),
+        settings=RateLimitSettings(quota_history=True),
+    )
     transport = httpx.ASGITransport(app=app, client=("198.51.100.4", 1))
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         replies = [await client.get(HISTORY, headers=B) for _ in range(30)]
@@ -399,8 +422,14 @@ async def test_a_stalled_quota_read_is_bounded() -> None:
             await asyncio.sleep(30)
 
     app = Starlette(routes=[Route("/hello", hello), *quota_router().routes])
-    app.add_middleware(RateLimitMiddleware, tiers=TIERS, key="api_key",
-                       tier_resolver=TierByAPIKey(KEYS), storage=Stalls(), quota_history=True)
+    app.add_middleware(
+        RateLimitMiddleware,
+        tiers=TIERS,
+        key="api_key",
+        tier_resolver=TierByAPIKey(KEYS),
+        storage=Stalls(),
+        settings=RateLimitSettings(quota_history=True),
+    )
     transport = httpx.ASGITransport(app=app, client=("198.51.100.4", 1))
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         started = time.monotonic()
