@@ -271,7 +271,7 @@ def _load(where: str, value: Any) -> RateLimitMiddleware:
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "ratelimit.toml"
         path.write_text(_toml(config), encoding="utf-8")
-        return RateLimitMiddleware(Starlette(), RateLimitSettings.from_toml(path))
+        return RateLimitMiddleware(Starlette(), settings=RateLimitSettings.from_toml(path))
 
 
 @pytest.mark.parametrize(("where", "value"), [("tiers.free.limits.0.burst", True),
