@@ -58,8 +58,6 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from ratelimit_mw import RateLimitSettings
-
 APPS = ("bare", "headers", "quiet", "memory", "redis", "denial", "memory-tier", "redis-tier")
 PEERS = (  # the other libraries doing the same job, from benchmarks/peer_apps.py
     "limits-memory", "limits-redis", "slowapi-memory", "slowapi-redis",
@@ -80,6 +78,7 @@ async def _hello(request: Request) -> Response:
 def create_app() -> Starlette:
     """The app named by $BENCH_APP (uvicorn ``--factory`` entry point)."""
     from ratelimit_mw.middleware import RateLimitMiddleware
+    from ratelimit_mw.settings import RateLimitSettings
     from ratelimit_mw.tiers import Tier
 
     kind = os.environ.get("BENCH_APP", "bare")
