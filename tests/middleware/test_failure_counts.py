@@ -14,6 +14,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from ratelimit_mw.middleware import RateLimitMiddleware
+from ratelimit_mw.settings import RateLimitSettings
 from ratelimit_mw.tiers import Tier
 from tests.middleware.conftest import RedisServer, client_for, ok
 from tests.redis_servers import delayed
@@ -25,8 +26,9 @@ def _app(url: str, **options: Any) -> RateLimitMiddleware:
     options = {"storage_connect_timeout": 0.05, **options}
     return RateLimitMiddleware(
         Starlette(routes=[Route("/", ok)]), tiers=[Tier("t", "1000/minute")],
-        storage_url=url, storage_prefix=f"rlcount:{uuid.uuid4().hex[:12]}:",
-        storage_timeout=0.05, recovery_interval=0.2, **options)
+        settings=RateLimitSettings(
+            storage_url=url, storage_prefix=f"rlcount:{uuid.uuid4().hex[:12]}:",
+            storage_timeout=0.05, recovery_interval=0.2, **options))
 
 
 def _events(caplog: pytest.LogCaptureFixture, name: str) -> list[logging.LogRecord]:

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from ratelimit_mw import RateLimitSettings
 from ratelimit_mw.events import DecisionEvent
 from ratelimit_mw.middleware import RateLimitMiddleware
 from ratelimit_mw.tiers import Tier
@@ -48,13 +49,21 @@ async def _run(redis: RedisProcess, delay: float, mode: str, seconds: float,
     events: list[DecisionEvent] = []
     async with DelayProxy(redis.port, delay) as proxy:
         app = RateLimitMiddleware(
-            Starlette(routes=[Route("/", ok)]), tiers=[Tier("t", "1000000/day")],
-            storage_url=f"redis://127.0.0.1:{proxy.port}/0", storage_prefix="rlrel:slow:",
-            storage_timeout=timeout, recovery_interval=0.3, failure_mode=mode,
-            # A connection being made is waited for up to its own timeout (1 s by
-            # default); here it is as short as a decision's, so every request is bounded
-            # by the storage timeout (and a Redis this far never connects at all).
-            storage_connect_timeout=timeout, on_decision=events.append)
+            Starlette(routes=[Route("/", ok)]),
+            tiers=[Tier("t", "1000000/day")],
+            on_decision=events.append,
+            settings=RateLimitSettings(
+                storage_url=f"redis://127.0.0.1:{proxy.port}/0",
+                storage_prefix="rlrel:slow:",
+                storage_timeout=timeout,
+                recovery_interval=0.3,
+                failure_mode=mode,
+                # A connection being made is waited for up to its own timeout (1 s by
+                # default); here it is as short as a decision's, so every request is
+                # bounded by the storage timeout (a Redis this far never connects).
+                storage_connect_timeout=timeout,
+            ),
+        )
         latencies: list[float] = []
         responses: list[httpx.Response] = []
         transport = httpx.ASGITransport(app=app, client=("192.0.2.1", 1234))

@@ -14,6 +14,7 @@ from starlette.routing import Route
 
 from ratelimit_mw.events import DecisionEvent
 from ratelimit_mw.middleware import RateLimitMiddleware
+from ratelimit_mw.settings import RateLimitSettings
 from ratelimit_mw.tiers import Tier
 from tests.redis_servers import RedisProcess
 from tests.startup.servers import TLSRedis, locked_redis, tls_redis
@@ -51,6 +52,7 @@ def app_on(events: list[DecisionEvent]) -> AppFactory:
     def make(url: str, **settings: Any) -> RateLimitMiddleware:
         return RateLimitMiddleware(
             Starlette(routes=[Route("/", ok)]), tiers=[Tier("t", "5/minute")],
-            storage_url=url, storage_prefix=f"rlstart:{uuid.uuid4().hex[:12]}:",
-            on_decision=events.append, **settings)
+            on_decision=events.append, settings=RateLimitSettings(
+                storage_url=url, storage_prefix=f"rlstart:{uuid.uuid4().hex[:12]}:",
+                **settings))
     return make
