@@ -6,6 +6,7 @@ import asyncio
 import random as _random
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -16,6 +17,9 @@ from ._budget import RetryBudget
 from ._circuit import acquire_permit, refuse_if_open
 from ._policy import RetryPolicy
 from ._testing import is_testing
+
+if TYPE_CHECKING:
+    from ..metrics import Metrics
 
 __all__ = ["RetryTransport"]
 
@@ -61,6 +65,9 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
     5xx responses and ``RETRY_ERRORS`` count as failures, other responses as
     successes, other exceptions as the breaker's ``failure_exceptions`` say.
     A retry that the breaker would still refuse after the wait is not waited for.
+
+    ``metrics`` (``ratelimit_mw.metrics``) counts attempts, retries by cause, time slept
+    and give-ups by reason, labelled by host, and watches the ``breaker``.
     """
 
     def __init__(
@@ -76,6 +83,7 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
         sleep: Callable[[float], None] = time.sleep,
         async_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         random: Callable[[], float] = _random.random,
+        metrics: Metrics | None = None,
     ) -> None:
         self.policy = policy if policy is not None else RetryPolicy()
         self.retry_budget = retry_budget
@@ -95,13 +103,16 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
         self._sleep = sleep
         self._async_sleep = async_sleep
         self._random = random
+        self.metrics = metrics
+        if metrics is not None and breaker is not None:
+            metrics.watch(breaker)
 
     def __repr__(self) -> str:
         return f"RetryTransport({self._given_transport!r}, policy={self.policy!r})"
 
     def _retrying(self) -> Retrying:
         return Retrying(self.policy, self.retry_budget, self.limiter, self.breaker,
-                        self._clock, self._wall_clock, self._random)
+                        self._clock, self._wall_clock, self._random, self.metrics)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` through the wrapped sync transport, retrying as the policy says."""
@@ -116,6 +127,7 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
                     timeout=attempts.time_left()):
                 return attempts.no_token_in_time()
             permit = acquire_permit(self.breaker, request)
+            attempts.sending()
             try:
                 response = inner.handle_request(request)
             except BaseException as exc:
@@ -154,6 +166,7 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
                     timeout=attempts.time_left()):
                 return attempts.no_token_in_time()
             permit = acquire_permit(self.breaker, request)
+            attempts.sending()
             try:
                 response = await inner.handle_async_request(request)
             except BaseException as exc:
