@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import httpx
 
@@ -19,11 +19,9 @@ from ._circuit import record_outcome, refuse_if_open
 from ._errors import GiveUpReason, LimiterTimeout, RetriesExhausted
 from ._hints import read_quota, retry_after_hint
 from ._log import log_give_up, log_retry, loggable_url, logger
+from ._metrics import ClientMetrics
 from ._policy import RETRY_ERRORS, UNSENT_ERRORS, RetryPolicy
 from ._replay import add_idempotency_key, body_resendable, safe_to_replay
-
-if TYPE_CHECKING:
-    from ..metrics import Metrics
 
 __all__ = ["Attempts", "Retrying"]
 
@@ -39,7 +37,7 @@ class Retrying(NamedTuple):
     clock: Callable[[], float]
     wall_clock: Callable[[], float]
     random: Callable[[], float]
-    metrics: Metrics | None = None
+    metrics: ClientMetrics | None = None
 
 
 class Attempts:

@@ -6,7 +6,6 @@ import asyncio
 import random as _random
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 import httpx
 
@@ -15,11 +14,9 @@ from ._attempts import Attempts, Retrying
 from ._bucket import TokenBucket
 from ._budget import RetryBudget
 from ._circuit import acquire_permit, refuse_if_open
+from ._metrics import ClientMetrics
 from ._policy import RetryPolicy
 from ._testing import is_testing
-
-if TYPE_CHECKING:
-    from ..metrics import Metrics
 
 __all__ = ["RetryTransport"]
 
@@ -83,7 +80,7 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
         sleep: Callable[[float], None] = time.sleep,
         async_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         random: Callable[[], float] = _random.random,
-        metrics: Metrics | None = None,
+        metrics: ClientMetrics | None = None,
     ) -> None:
         self.policy = policy if policy is not None else RetryPolicy()
         self.retry_budget = retry_budget
