@@ -21,7 +21,7 @@ from .checks import positive_seconds
 from .decision import Verdict
 from .errors import ConfigError, StorageError, describe_error
 from .events import Source
-from .metrics import Metrics
+from .metrics import Metrics, error_kind
 from .policy import Hit
 from .storage import MemoryStorage, Storage
 
@@ -125,7 +125,7 @@ class GuardedStorage:
             self.stats.failures += 1
             if metrics is not None:
                 metrics.storage_call(time.perf_counter() - started)
-                metrics.storage_error(type(exc).__name__)
+                metrics.storage_error(error_kind(exc))
             _log.warning(
                 "ratelimit_mw storage failure: event=storage_failure mode=%s error=%s",
                 self.mode, describe_error(exc),

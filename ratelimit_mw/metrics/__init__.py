@@ -12,14 +12,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._instruments import DecisionOutcome, IdempotencyEvent, Metrics
+from ._instruments import (
+    ERROR_KINDS,
+    IDEMPOTENCY_EVENTS,
+    DecisionOutcome,
+    ErrorKind,
+    IdempotencyEvent,
+    Metrics,
+    error_kind,
+)
 
 if TYPE_CHECKING:
     from ._otel import OTelMetrics
     from ._prometheus import PrometheusMetrics
 
-__all__ = ["DecisionOutcome", "IdempotencyEvent", "Metrics", "OTelMetrics",
-           "PrometheusMetrics"]
+__all__ = ["ERROR_KINDS", "IDEMPOTENCY_EVENTS", "DecisionOutcome", "ErrorKind",
+           "IdempotencyEvent", "Metrics", "OTelMetrics", "PrometheusMetrics", "error_kind"]
 
 
 def __getattr__(name: str) -> Any:

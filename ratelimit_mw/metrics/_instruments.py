@@ -8,19 +8,33 @@ when one is given, so with none they report nothing and pay nothing.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, get_args
 
-if TYPE_CHECKING:  # at run time this module imports nothing (the client uses it too)
-    from ..breaker import CircuitBreaker, CircuitState
-    from ..events import DecisionEvent
+from ..breaker import CircuitBreaker, CircuitState
+from ..errors import StorageError
+from ..events import DecisionEvent
 
-__all__ = ["DecisionOutcome", "IdempotencyEvent", "Metrics", "outcome_of", "policy_of"]
+__all__ = ["ERROR_KINDS", "IDEMPOTENCY_EVENTS", "DecisionOutcome", "ErrorKind",
+           "IdempotencyEvent", "Metrics", "error_kind", "outcome_of", "policy_of"]
 
 DecisionOutcome = Literal["allowed", "denied", "shadow_denied", "unavailable"]
 IdempotencyEvent = Literal["replay", "conflict", "mismatch", "store_failure"]
+IDEMPOTENCY_EVENTS: tuple[IdempotencyEvent, ...] = get_args(IdempotencyEvent)
+ErrorKind = Literal["timeout", "storage", "other"]
+ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
 
 UNMATCHED_ROUTE = "unmatched"
 """The route label of requests that match no route of the app (one label for all)."""
+
+
+def error_kind(error: BaseException) -> ErrorKind:
+    """A failed storage call's kind: it timed out, the storage reported an error (its
+    connection, mostly), or anything else (a bug of a custom storage)."""
+    if isinstance(error, TimeoutError):
+        return "timeout"
+    if isinstance(error, StorageError):
+        return "storage"
+    return "other"
 
 
 def outcome_of(event: DecisionEvent) -> DecisionOutcome:
@@ -59,8 +73,8 @@ class Metrics:
     def storage_call(self, seconds: float) -> None:
         """A decision's storage call took ``seconds`` (failed calls included)."""
 
-    def storage_error(self, kind: str) -> None:
-        """A storage call failed; ``kind`` is the exception's class name."""
+    def storage_error(self, kind: ErrorKind) -> None:
+        """A storage call failed (``error_kind`` of its exception)."""
 
     def slots_in_flight(self, tier: str, change: int) -> None:
         """Concurrency slots held by requests of ``tier`` changed by ``change``."""

@@ -16,7 +16,14 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from ..breaker import CircuitState
 from ..events import DecisionEvent
-from ._instruments import UNMATCHED_ROUTE, IdempotencyEvent, Metrics, outcome_of, policy_of
+from ._instruments import (
+    UNMATCHED_ROUTE,
+    ErrorKind,
+    IdempotencyEvent,
+    Metrics,
+    outcome_of,
+    policy_of,
+)
 from ._prometheus import STORAGE_BUCKETS
 
 __all__ = ["OTelMetrics"]
@@ -74,7 +81,7 @@ class OTelMetrics(Metrics):
     def storage_call(self, seconds: float) -> None:
         self._storage_seconds.record(seconds)
 
-    def storage_error(self, kind: str) -> None:
+    def storage_error(self, kind: ErrorKind) -> None:
         self._storage_errors.add(1, {"kind": kind})
 
     def slots_in_flight(self, tier: str, change: int) -> None:

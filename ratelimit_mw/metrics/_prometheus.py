@@ -20,7 +20,7 @@ try:
         Histogram,
         generate_latest,
     )
-    from prometheus_client.multiprocess import MultiProcessCollector
+    from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     msg = "PrometheusMetrics needs prometheus_client: pip install 'ratelimit_mw[prometheus]'"
     raise ImportError(msg) from exc
@@ -30,7 +30,16 @@ from starlette.responses import Response
 
 from ..breaker import CircuitState
 from ..events import DecisionEvent
-from ._instruments import UNMATCHED_ROUTE, IdempotencyEvent, Metrics, outcome_of, policy_of
+from ._instruments import (
+    ERROR_KINDS,
+    IDEMPOTENCY_EVENTS,
+    UNMATCHED_ROUTE,
+    ErrorKind,
+    IdempotencyEvent,
+    Metrics,
+    outcome_of,
+    policy_of,
+)
 
 __all__ = ["STORAGE_BUCKETS", "PrometheusMetrics"]
 
@@ -92,6 +101,12 @@ class PrometheusMetrics(Metrics):
                                      ("host", "reason"))
         # Label children by their label values: labels() costs several times an inc().
         self._children: dict[Hashable, Any] = {}
+        # Series of the known label values exist from the start, at 0 (an alert on them
+        # works before the first event; rate() sees the first one).
+        for kind in ERROR_KINDS:
+            self._child(self._storage_errors, kind)
+        for event in IDEMPOTENCY_EVENTS:
+            self._child(self._idempotency, event)
 
     def _child(self, metric: Any, *values: str) -> Any:
         key = (id(metric), *values)
@@ -117,7 +132,7 @@ class PrometheusMetrics(Metrics):
     def storage_call(self, seconds: float) -> None:
         self._storage_seconds.observe(seconds)
 
-    def storage_error(self, kind: str) -> None:
+    def storage_error(self, kind: ErrorKind) -> None:
         self._child(self._storage_errors, kind).inc()
 
     def slots_in_flight(self, tier: str, change: int) -> None:
@@ -135,6 +150,7 @@ class PrometheusMetrics(Metrics):
             self._child(self._circuit, breaker, old.value).set(0)
             self._child(self._circuit_transitions, breaker, old.value, new.value).inc()
         self._child(self._circuit, breaker, new.value).set(1)
+        self._child(self._circuit_refused, breaker)  # from 0, for rate()
 
     def circuit_refused(self, breaker: str) -> None:
         self._child(self._circuit_refused, breaker).inc()
@@ -160,6 +176,12 @@ class PrometheusMetrics(Metrics):
             MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
             return generate_latest(registry)
         return generate_latest(self.registry)
+
+    def process_exited(self) -> None:
+        """In multiprocess mode, drop this worker's live gauges (slots in flight, breaker
+        states) from the sum: call it when the worker shuts down."""
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
 
     async def endpoint(self, request: Request) -> Response:
         """A Starlette endpoint serving ``exposition()`` (``app.add_route("/metrics",
