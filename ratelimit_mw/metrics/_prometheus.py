@@ -116,18 +116,17 @@ class PrometheusMetrics(Metrics):
         return child
 
     def decision(self, event: DecisionEvent) -> None:
-        route = event.route or UNMATCHED_ROUTE
-        key = (event.tier, route, event.source, event.refused, event.shadow,
-               event.verdict is None)
+        # The per-request path: one look-up by what sets the labels (a storage that is
+        # down is the only source without a verdict), then the count.
+        key = (event.tier, event.route, event.source, event.refused, event.shadow)
         child = self._children.get(key)
         if child is None:
             child = self._children[key] = self._decisions.labels(
-                event.tier, route, outcome_of(event), event.source)
+                event.tier, event.route or UNMATCHED_ROUTE, outcome_of(event), event.source)
         child.inc()
-        if event.refused or event.shadow:
-            outcome = outcome_of(event)
-            if outcome != "unavailable":
-                self._child(self._denials, event.tier, route, policy_of(event), outcome).inc()
+        if (event.refused or event.shadow) and event.verdict is not None:
+            self._child(self._denials, event.tier, event.route or UNMATCHED_ROUTE,
+                        policy_of(event), outcome_of(event)).inc()
 
     def storage_call(self, seconds: float) -> None:
         self._storage_seconds.observe(seconds)
