@@ -40,6 +40,7 @@ from ._instruments import (
     outcome_of,
     policy_of,
 )
+from ._tally import Tally
 
 __all__ = ["STORAGE_BUCKETS", "PrometheusMetrics"]
 
@@ -71,8 +72,11 @@ class PrometheusMetrics(Metrics):
             return kind(name, doc, labels, namespace=namespace, registry=self.registry,
                         **options)
 
-        self._decisions = make(Counter, "decisions", "Requests decided, by outcome and source",
-                               ("tier", "route", "outcome", "source"))
+        decided = ("Requests decided, by outcome and source", ("tier", "route", "outcome",
+                                                               "source"))
+        # Counted per request: as plain numbers, unless the workers share files.
+        self._decisions = (make(Counter, "decisions", *decided) if _multiprocess()
+                           else Tally(f"{namespace}_decisions", *decided, self.registry))
         self._denials = make(Counter, "policy_denials", "Denials by the limit that denied",
                              ("tier", "route", "policy", "outcome"))
         self._storage_seconds = make(Histogram, "storage_call_duration_seconds",
@@ -108,6 +112,12 @@ class PrometheusMetrics(Metrics):
         for event in IDEMPOTENCY_EVENTS:
             self._child(self._idempotency, event)
 
+    def _decision_count(self, *values: str) -> Any:
+        decisions = self._decisions
+        if isinstance(decisions, Tally):
+            return decisions.labels_cell(*values)
+        return decisions.labels(*values)
+
     def _child(self, metric: Any, *values: str) -> Any:
         key = (id(metric), *values)
         child = self._children.get(key)
@@ -121,7 +131,7 @@ class PrometheusMetrics(Metrics):
         key = (event.tier, event.route, event.source, event.refused, event.shadow)
         child = self._children.get(key)
         if child is None:
-            child = self._children[key] = self._decisions.labels(
+            child = self._children[key] = self._decision_count(
                 event.tier, event.route or UNMATCHED_ROUTE, outcome_of(event), event.source)
         child.inc()
         if (event.refused or event.shadow) and event.verdict is not None:
@@ -170,7 +180,7 @@ class PrometheusMetrics(Metrics):
     def exposition(self) -> bytes:
         """The metrics in Prometheus's text format: this process's, or in multiprocess
         mode the sum over every worker's."""
-        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        if _multiprocess():
             registry = CollectorRegistry()
             MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
             return generate_latest(registry)
@@ -179,10 +189,15 @@ class PrometheusMetrics(Metrics):
     def process_exited(self) -> None:
         """In multiprocess mode, drop this worker's live gauges (slots in flight, breaker
         states) from the sum: call it when the worker shuts down."""
-        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        if _multiprocess():
             mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
 
     async def endpoint(self, request: Request) -> Response:
         """A Starlette endpoint serving ``exposition()`` (``app.add_route("/metrics",
         metrics.endpoint)``)."""
         return Response(self.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+
+def _multiprocess() -> bool:
+    """Whether prometheus_client writes its values to the workers' shared files."""
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
