@@ -29,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..breaker import CircuitState
+from ..errors import ConfigError
 from ..events import DecisionEvent
 from ._instruments import (
     ERROR_KINDS,
@@ -65,6 +66,11 @@ class PrometheusMetrics(Metrics):
 
     def __init__(self, registry: CollectorRegistry | None = None,
                  namespace: str = "ratelimit") -> None:
+        directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if directory and not os.path.isdir(directory):
+            msg = (f"PROMETHEUS_MULTIPROC_DIR={directory!r} is not a directory; create it "
+                   f"(empty) before the workers start, or unset it for one process")
+            raise ConfigError(msg)
         self.registry = registry if registry is not None else CollectorRegistry()
 
         def make(kind: Callable[..., Any], name: str, doc: str, labels: tuple[str, ...] = (),

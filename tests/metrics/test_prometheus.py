@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import random
 import string
+from pathlib import Path
 
 import pytest
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from ratelimit_mw import Limit, MemoryStorage, RateLimitMiddleware, RedisStorage, Tier
+from ratelimit_mw import ConfigError, Limit, MemoryStorage, RateLimitMiddleware, RedisStorage, Tier
 from ratelimit_mw.metrics import PrometheusMetrics
 from tests.conftest import FakeClock, free_port
 
@@ -150,3 +151,12 @@ def test_without_metrics_nothing_is_reported() -> None:
     middleware = RateLimitMiddleware(app_with, tiers=[Tier("free", "1/minute")])
     assert middleware.limiter.guarded.metrics is None
     assert middleware.limiter._on_decision is None
+
+
+def test_a_multiprocess_directory_that_does_not_exist_fails_at_start_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    missing = f"{tmp_path}/nowhere"
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", missing)
+    with pytest.raises(ConfigError, match="nowhere' is not a directory"):
+        PrometheusMetrics()
