@@ -8,7 +8,7 @@ WORKDIR /app
 
 COPY pyproject.toml README.md ./
 COPY ratelimit_mw ./ratelimit_mw
-RUN pip install --no-cache-dir '.[redis,fastapi,prometheus]' 'uvicorn>=0.30'
+RUN pip install --no-cache-dir '.[fastapi,prometheus]' 'uvicorn>=0.30'
 
 COPY example_app ./example_app
 RUN useradd --create-home app && mkdir -p /tmp/ratelimit-metrics \

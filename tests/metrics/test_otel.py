@@ -7,7 +7,8 @@ from typing import Any
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from ratelimit_mw import CircuitBreaker, Limit, Tier
+from ratelimit_mw import Limit, Tier
+from ratelimit_mw.breaker import CircuitBreaker
 from ratelimit_mw.metrics import OTelMetrics
 from tests.conftest import FakeClock
 

@@ -12,7 +12,15 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from ratelimit_mw import ConfigError, Limit, MemoryStorage, RateLimitMiddleware, RedisStorage, Tier
+from ratelimit_mw import (
+    ConfigError,
+    Limit,
+    MemoryStorage,
+    RateLimitMiddleware,
+    RateLimitSettings,
+    RedisStorage,
+    Tier,
+)
 from ratelimit_mw.metrics import PrometheusMetrics
 from tests.conftest import FakeClock, free_port
 
@@ -37,7 +45,8 @@ async def test_decisions_are_counted_by_tier_route_outcome_and_source() -> None:
 
 async def test_shadow_denials_are_counted_apart_and_let_through() -> None:
     metrics = PrometheusMetrics()
-    app = app_with(metrics, tiers=[Tier("free", "1/minute")], shadow=True)
+    app = app_with(metrics, tiers=[Tier("free", "1/minute")],
+                   settings=RateLimitSettings(shadow=True))
     async with client_for(app) as client:
         codes = [(await client.get("/items/1")).status_code for _ in range(3)]
     assert codes == [200, 200, 200]
@@ -68,7 +77,7 @@ async def test_a_storage_that_is_down_counts_errors_unavailable_and_the_open_bre
     metrics = PrometheusMetrics()
     storage = RedisStorage.from_url(f"redis://127.0.0.1:{free_port()}/0")
     app = app_with(metrics, storage=storage, tiers=[Tier("free", "10/minute")],
-                   failure_mode="open", storage_timeout=0.5)
+                   settings=RateLimitSettings(failure_mode="open", storage_timeout=0.5))
     async with client_for(app) as client:
         codes = [(await client.get("/items/1")).status_code for _ in range(5)]
     await storage.close()

@@ -7,8 +7,9 @@ import contextlib
 
 import httpx
 
-from ratelimit_mw import CircuitBreaker, MemoryIdempotencyStore
+from ratelimit_mw.breaker import CircuitBreaker
 from ratelimit_mw.client import RetryPolicy, RetryTransport, set_testing
+from ratelimit_mw.idempotency import MemoryIdempotencyStore
 from ratelimit_mw.metrics import PrometheusMetrics
 from tests.conftest import FakeClock
 from tests.idempotency.conftest import Orders
