@@ -193,11 +193,11 @@ async def test_the_guard_bound_holds_on_a_frozen_redis() -> None:
 
 
 async def test_a_lone_decision_reloads_the_script(
-    redis_url: str, redis_prefix: str,
+    own_redis_url: str, redis_prefix: str,
 ) -> None:
     """NOSCRIPT on a batch of one (a restarted Redis) loads the script and decides."""
-    storage = RedisStorage.from_url(redis_url, prefix=redis_prefix)
-    raw = aioredis.Redis.from_url(redis_url)
+    storage = RedisStorage.from_url(own_redis_url, prefix=redis_prefix)
+    raw = aioredis.Redis.from_url(own_redis_url)
     try:
         await storage.decide("k", [HIT])
         await raw.script_flush()

@@ -19,8 +19,8 @@ from starlette.routing import Route
 from ratelimit_mw.events import DecisionEvent
 from ratelimit_mw.middleware import RateLimitMiddleware
 from ratelimit_mw.tiers import Tier
-from tests.redis_servers import RedisProcess
-from tests.reliability.servers import DelayProxy, own_redis
+from tests.redis_servers import RedisProcess, own_redis
+from tests.reliability.servers import DelayProxy
 
 pytestmark = [pytest.mark.reliability, pytest.mark.redis, pytest.mark.slow]
 
