@@ -18,6 +18,33 @@ from ratelimit_mw import MemoryStorage, RedisStorage, Storage
 pytest_plugins = ["tests.redis_servers"]
 
 SHARED_REDIS_VARIABLE = "REDIS_URL"
+QUICK_LOOP_LEAVES_OUT = ("slow", "reliability")
+
+
+def _quick_loop(config: pytest.Config) -> bool:
+    """A bare ``pytest`` (no paths, no -m): the quick loop a developer runs between edits."""
+    return config.args_source is pytest.Config.ArgsSource.TESTPATHS and not config.option.markexpr
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if not _quick_loop(config):
+        return None
+    return ("quick loop: slow and reliability tests left out "
+            "(`pytest tests` or ./scripts/test runs them all)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave the slow and reliability tests out of the quick loop."""
+    if not _quick_loop(config):
+        return
+    kept: list[pytest.Item] = []
+    left_out: list[pytest.Item] = []
+    for item in items:
+        slow = any(item.get_closest_marker(name) for name in QUICK_LOOP_LEAVES_OUT)
+        (left_out if slow else kept).append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
 
 
 def _answers(url: str) -> bool:

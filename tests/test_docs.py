@@ -38,6 +38,7 @@ def test_there_are_snippets_to_run() -> None:
     assert len(SNIPPETS) >= 10
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("where", "code"), SNIPPETS, ids=[where for where, _ in SNIPPETS])
 def test_the_snippet_runs(where: str, code: str, redis_url: str, tmp_path: Path) -> None:
     """The snippet runs to its end without an error or a warning."""
