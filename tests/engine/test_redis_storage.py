@@ -48,18 +48,16 @@ async def raw(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 
 
 @pytest.fixture
-async def own_storage(own_redis_url: str, redis_prefix: str) -> AsyncIterator[RedisStorage]:
-    """A storage on the session's own Redis, for tests that flush its scripts."""
+async def on_own_redis(
+    own_redis_url: str, redis_prefix: str,
+) -> AsyncIterator[tuple[RedisStorage, aioredis.Redis]]:
+    """A storage and a plain client on the session's own Redis, for tests that flush
+    its scripts."""
     storage = RedisStorage.from_url(own_redis_url, prefix=redis_prefix)
-    yield storage
-    await storage.close()
-
-
-@pytest.fixture
-async def own_raw(own_redis_url: str) -> AsyncIterator[aioredis.Redis]:
     client = aioredis.Redis.from_url(own_redis_url)
-    yield client
+    yield storage, client
     await client.aclose()
+    await storage.close()
 
 
 def three_limits() -> list[Hit]:
@@ -265,14 +263,15 @@ async def test_decides_on_the_redis_clock(
 
 
 async def test_reloads_the_script_after_a_flush(
-    own_storage: RedisStorage, own_raw: aioredis.Redis,
+    on_own_redis: tuple[RedisStorage, aioredis.Redis],
 ) -> None:
     """After SCRIPT FLUSH (a restart, a failover) the script is loaded again transparently."""
+    storage, raw = on_own_redis
     hit = Hit(Limit.parse("2/minute"))
-    assert (await own_storage.decide("flush", [hit])).allowed
-    await own_raw.script_flush()
-    assert (await own_storage.decide("flush", [hit])).allowed
-    assert not (await own_storage.decide("flush", [hit])).allowed
+    assert (await storage.decide("flush", [hit])).allowed
+    await raw.script_flush()
+    assert (await storage.decide("flush", [hit])).allowed
+    assert not (await storage.decide("flush", [hit])).allowed
 
 
 @pytest.mark.parametrize("identity", ["ip:2001:db8::1 {x}", "", "}{", "k" * 5000])
@@ -413,13 +412,14 @@ async def test_concurrent_decisions_share_one_pipeline(
 
 
 async def test_a_pipeline_reloads_the_script_after_a_flush(
-    own_storage: RedisStorage, own_raw: aioredis.Redis,
+    on_own_redis: tuple[RedisStorage, aioredis.Redis],
 ) -> None:
     """NOSCRIPT inside a pipeline loads the script again; every decision still counts."""
+    storage, raw = on_own_redis
     hit = Hit(Limit.parse("3/minute", "sliding_log"))
-    await own_storage.decide("warm", [hit])
-    await own_raw.script_flush()
-    verdicts = await asyncio.gather(*(own_storage.decide("reload", [hit]) for _ in range(10)))
+    await storage.decide("warm", [hit])
+    await raw.script_flush()
+    verdicts = await asyncio.gather(*(storage.decide("reload", [hit]) for _ in range(10)))
     assert sum(v.allowed for v in verdicts) == 3
 
 
