@@ -21,16 +21,22 @@ SHARED_REDIS_VARIABLE = "REDIS_URL"
 QUICK_LOOP_LEAVES_OUT = ("slow", "reliability")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--every-test", action="store_true",
+                     help="run the slow and reliability tests even without paths or -m")
+
+
 def _quick_loop(config: pytest.Config) -> bool:
     """A bare ``pytest`` (no paths, no -m): the quick loop a developer runs between edits."""
-    return config.args_source is pytest.Config.ArgsSource.TESTPATHS and not config.option.markexpr
+    return (config.args_source is pytest.Config.ArgsSource.TESTPATHS
+            and not config.option.markexpr and not config.option.every_test)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
     if not _quick_loop(config):
         return None
     return ("quick loop: slow and reliability tests left out "
-            "(`pytest tests` or ./scripts/test runs them all)")
+            "(--every-test, a path or -m runs them; ./scripts/test runs everything)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
