@@ -155,7 +155,9 @@ def clock() -> FakeClock:
 StorageFactory = Callable[..., Storage]
 
 
-@pytest.fixture(params=["memory", "redis", "cluster", "sentinel"])
+# Cluster and Sentinel deployments take seconds to start: not in the quick loop.
+@pytest.fixture(params=["memory", "redis", pytest.param("cluster", marks=pytest.mark.slow),
+                        pytest.param("sentinel", marks=pytest.mark.slow)])
 async def make_storage(
     request: pytest.FixtureRequest,
 ) -> AsyncIterator[StorageFactory]:

@@ -18,6 +18,9 @@ from ratelimit_mw.storage.keys import redis_key
 from tests.engine.test_storage import limit_for
 from tests.redis_servers import ClusterDeployment, StorageFactory, storage_factory
 
+# The session's deployment takes seconds to start: not in the quick loop.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 async def make(redis_cluster_url: str) -> AsyncIterator[StorageFactory]:
@@ -63,7 +66,6 @@ async def test_every_key_of_a_decision_is_in_one_slot(
     assert redis_cluster.owner(slots.pop()).port in holders
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
 async def test_concurrent_decisions_on_every_node_are_exact(
     make: StorageFactory, redis_cluster: ClusterDeployment, algorithm: str,
@@ -147,7 +149,6 @@ async def test_usage_history_does_not_stop_a_migrating_slots_decisions(
     assert day[-1][1] == 3
 
 
-@pytest.mark.slow
 async def test_resharding_under_load_never_raises_anything_else(
     make: StorageFactory, redis_cluster: ClusterDeployment,
 ) -> None:
@@ -175,7 +176,6 @@ async def test_resharding_under_load_never_raises_anything_else(
     assert after.decisions[0].remaining == 300 - admitted
 
 
-@pytest.mark.slow
 async def test_a_node_killed_under_load_gives_storage_errors_then_recovers(
     make: StorageFactory, redis_cluster: ClusterDeployment,
 ) -> None:
