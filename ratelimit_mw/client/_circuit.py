@@ -18,9 +18,8 @@ class CircuitOpenTransportError(TransportError, CircuitOpenError):
     """The transport's circuit breaker refused the attempt: no request was sent.
 
     Both an ``httpx.TransportError`` (so ``except httpx.HTTPError`` sees it; the same
-    for httpx2) and
-    the breaker's `CircuitOpenError`; ``remaining`` is the cooldown left, in
-    seconds (0.0 when the breaker is half-open with every trial slot taken).
+    for httpx2) and the breaker's `CircuitOpenError`; ``remaining`` is the cooldown
+    left, in seconds (0.0 when the breaker is half-open with every trial slot taken).
     """
 
     def __init__(
