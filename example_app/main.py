@@ -28,18 +28,20 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ratelimit_mw import (
-    CircuitBreaker,
     IdempotencyMiddleware,
-    IdempotencyStore,
-    MemoryIdempotencyStore,
     RateLimitMiddleware,
     RateLimitSettings,
-    RedisIdempotencyStore,
     TierByAPIKey,
-    breaker_dependency,
     exempt,
     limit,
     quota_router,
+)
+from ratelimit_mw.breaker import CircuitBreaker
+from ratelimit_mw.breaker.guard import breaker_dependency
+from ratelimit_mw.idempotency import (
+    IdempotencyStore,
+    MemoryIdempotencyStore,
+    RedisIdempotencyStore,
 )
 from ratelimit_mw.openapi import document_limits
 

@@ -8,12 +8,18 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import pytest
 import redis as sync_redis
 from redis.connection import parse_url
 
-from ratelimit_mw import MemoryStorage, RedisStorage, Storage
+from ratelimit_mw import (
+    MemoryStorage,
+    RateLimitSettings,
+    RedisStorage,
+    Storage,
+)
 
 pytest_plugins = ["tests.redis_servers"]
 
@@ -51,6 +57,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if left_out:
         config.hook.pytest_deselected(items=left_out)
         items[:] = kept
+
+
+# The middleware's own keyword arguments (compiled, its class has no signature to read).
+_MIDDLEWARE_ARGUMENTS = frozenset({
+    "settings", "storage", "tiers", "key", "tier_resolver", "rules", "on_denied",
+    "on_decision", "clock", "breaker"})
+
+
+def middleware_arguments(**options: Any) -> dict[str, Any]:
+    """The middleware's keyword arguments from a test's options: its own pass through,
+    the rest become ``settings=RateLimitSettings(...)`` (over a given ``settings``)."""
+    own = {name: value for name, value in options.items() if name in _MIDDLEWARE_ARGUMENTS}
+    fields = {name: value for name, value in options.items() if name not in own}
+    if fields:
+        given = own.get("settings")
+        base = given.model_dump(exclude_unset=True) if given is not None else {}
+        own["settings"] = RateLimitSettings.model_validate({**base, **fields})
+    return own
 
 
 def _answers(url: str) -> bool:

@@ -1,9 +1,10 @@
 """Polite clients for rate-limited HTTP APIs: a retrying httpx2 or httpx transport and a
 token bucket.
 
-Needs only httpx2 or httpx (either, or both side by side); nothing here imports the
-server side of ratelimit_mw (only its dependency-free circuit breaker, for
-``RetryTransport(breaker=...)``).
+Install with ``pip install 'ratelimit_mw[client]'`` (the base install plus httpx), or
+add httpx2 instead: it works with either, or both side by side. Nothing here imports
+the server side of ratelimit_mw but its dependency-free circuit breaker (for
+``RetryTransport(breaker=...)``); the parent package's top level does.
 
 >>> from ratelimit_mw.client import RetryPolicy, RetryTransport, TokenBucket
 >>> transport = RetryTransport(
