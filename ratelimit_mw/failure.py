@@ -21,6 +21,7 @@ from .checks import positive_seconds
 from .decision import Verdict
 from .errors import ConfigError, StorageError, describe_error
 from .events import Source
+from .metrics import Metrics, error_kind
 from .policy import Hit
 from .storage import MemoryStorage, Storage
 from .storage.faults import FailureCause, failure_cause
@@ -116,7 +117,8 @@ class GuardedStorage:
     ``MemoryStorage`` instead, so limits still hold per process.
     """
 
-    __slots__ = ("_episode", "breaker", "fallback", "mode", "stats", "storage", "timeout")
+    __slots__ = ("_episode", "breaker", "fallback", "metrics", "mode", "stats", "storage",
+                 "timeout")
 
     def __init__(
         self,
@@ -127,6 +129,7 @@ class GuardedStorage:
         recovery_interval: object = 2.0,
         breaker: Gate | None = None,
         clock: Callable[[], float] = time.time,
+        metrics: Metrics | None = None,
     ) -> None:
         # Checked arguments typed object: see ``checks``.
         self.mode = check_mode(mode)
@@ -141,6 +144,10 @@ class GuardedStorage:
         self.fallback = MemoryStorage(clock=clock) if self.mode == "memory" else None
         self.stats = FailureStats()
         self._episode: _Episode | None = None  # the outage going on, if any
+        self.metrics = metrics
+        """Told each decision's storage call time and failures, and the breaker's state."""
+        if metrics is not None and isinstance(self.breaker, CircuitBreaker):
+            metrics.watch(self.breaker)
 
     @property
     def retry_after(self) -> int:
@@ -160,12 +167,17 @@ class GuardedStorage:
                 self._begin("the breaker is open")
             self.stats.skipped += 1
             return self._degraded(key, hits, usage)
+        metrics = self.metrics
+        started = time.perf_counter() if metrics is not None else 0.0
         try:
             verdict = await self.storage.decide_within(self.timeout, key, hits, usage=usage)
         except Exception as exc:
             # Any failure of the storage (StorageError, TimeoutError, a bug in a custom
             # storage) is the failure policy's business, never a 500.
             permit.record_failure()
+            if metrics is not None:
+                metrics.storage_call(time.perf_counter() - started)
+                metrics.storage_error(error_kind(exc))
             if self._episode is None:
                 self._begin(describe_error(exc))
             self.stats.count(failure_cause(exc))
@@ -174,6 +186,8 @@ class GuardedStorage:
             permit.release()
             raise
         permit.record_success()
+        if metrics is not None:
+            metrics.storage_call(time.perf_counter() - started)
         if self._episode is not None:
             self._end(self._episode)
         return verdict, "storage"
