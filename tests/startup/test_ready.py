@@ -37,6 +37,7 @@ async def _get(app: RateLimitMiddleware, events: list[DecisionEvent]) -> tuple[i
     return status, events[-1].source
 
 
+@pytest.mark.slow  # needs the Cluster or Sentinel deployment
 async def test_cluster_start_up_loads_every_primary_and_opens_connections(
     redis_cluster: ClusterDeployment, app_on: AppFactory, events: list[DecisionEvent],
 ) -> None:
@@ -55,6 +56,7 @@ async def test_cluster_start_up_loads_every_primary_and_opens_connections(
         assert await _get(app, events) == (200, "storage")
 
 
+@pytest.mark.slow  # needs the Cluster or Sentinel deployment
 async def test_sentinel_start_up_finds_the_primary_and_loads_it(
     redis_sentinel: SentinelDeployment, app_on: AppFactory, events: list[DecisionEvent],
 ) -> None:
