@@ -85,6 +85,8 @@ async def test_rolling_restarts_admit_no_more_than_the_limit(
         for _ in range(RESTARTS):
             await _replace_workers(manager)
             await asyncio.sleep(1.0)
+        while len(replies) < 3 * LIMIT:  # 3 times the limit in all
+            await asyncio.sleep(PAUSE)
         stop.set()
         await traffic
     answered = [reply for reply in replies if reply.status]
