@@ -92,7 +92,7 @@ def override_from_body(data: object, *, now: float, by: str) -> Override:
         raise OverrideError("body", "expected a JSON object")
     unknown = sorted(set(data) - _FIELDS)
     if unknown:
-        raise OverrideError(str(unknown[0])[:40], f"unknown field; expected {sorted(_FIELDS)}")
+        raise OverrideError(unknown[0][:40] or '""', f"unknown field; expected {sorted(_FIELDS)}")
     if "caller" not in data:
         raise OverrideError("caller", "required")
     caller = caller_key(data["caller"])
