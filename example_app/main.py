@@ -8,12 +8,16 @@ variable overrides it.
 
 Callers send ``X-API-Key: demo-free`` (or ``demo-starter``, ``demo-pro``,
 ``demo-enterprise``); without a key they get the anonymous tier, keyed by client
-IP; an unknown key gets 401 before anything is counted.
+IP; an unknown key gets 401 before anything is counted. ``demo-enterprise`` is given
+negotiated limits by an override at start-up; with ``RATELIMIT_ADMIN_TOKEN`` set (the
+run script sets a demo one) the admin API under ``/admin/ratelimit`` changes
+overrides at run time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 import uuid
@@ -41,6 +45,8 @@ from ratelimit_mw import (
     limit,
     quota_router,
 )
+from ratelimit_mw.overrides import Override, Overrides, admin_router, caller_key
+from ratelimit_mw.policy import Limit
 
 TIERS_FILE = Path(__file__).with_name("tiers.toml")
 API_KEYS = {
@@ -91,10 +97,19 @@ def _idempotency_store() -> IdempotencyStore:
 
 
 idempotency_store = _idempotency_store()
+# Per-customer limits set at run time, kept where the counters are.
+overrides = Overrides.from_url(settings.storage_url, prefix=settings.storage_prefix)
+ENTERPRISE_DEAL = Override(
+    caller_key("api_key:demo-enterprise"), plan="enterprise",
+    limits=[Limit("5000/minute", "token_bucket", burst=10000, name="burst"),
+            Limit("5000000/day", "fixed_window", name="daily")],
+    concurrency=200, reason="negotiated limits (demo)")
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    # Each worker writes the same deal: the last write wins, and they are equal.
+    await overrides.set(ENTERPRISE_DEAL, by="example app start-up")
     yield
     await idempotency_store.close()
 
@@ -167,6 +182,11 @@ async def upstream(failure_rate: float = Query(0.0, ge=0, le=1)) -> JSONResponse
 
 
 app.include_router(quota_router())
+if settings.admin_token is not None:
+    app.include_router(admin_router(settings=settings))
+else:
+    logging.getLogger("ratelimit_mw").warning(
+        "example app: RATELIMIT_ADMIN_TOKEN is not set; the admin API is not mounted")
 
 # Outermost last: unknown keys are refused first, then requests are rate limited,
 # then a keyed payment is run at most once (its record is the caller's the rate limiter
@@ -176,6 +196,7 @@ app.add_middleware(IdempotencyMiddleware, store=idempotency_store,
 # (mypy: Starlette's middleware-factory protocol can't express a positional-or-keyword
 # ``settings`` parameter; the call is right.)
 app.add_middleware(RateLimitMiddleware, settings=settings,  # type: ignore[arg-type]
-                   tier_resolver=TierByAPIKey(API_KEYS, header=settings.api_key_header))
+                   tier_resolver=TierByAPIKey(API_KEYS, header=settings.api_key_header),
+                   overrides=overrides)
 app.add_middleware(APIKeyAuth, keys=API_KEYS, open_paths=("/health",),
                    header=settings.api_key_header)

@@ -99,7 +99,7 @@ class Limiter:
         # Per-caller tiers, limits and blocks set at run time (``ratelimit_mw.overrides``).
         self.overrides = overrides
         if overrides is not None:
-            overrides.attach(identity.tiers)
+            overrides.attach(identity.tiers, self._blocked.forget)
 
     @property
     def tiers(self) -> TierTable:

@@ -39,7 +39,7 @@ from ..limiter import limiter_of
 from ..responses import error_response
 from ..settings import RateLimitSettings
 from .model import Override, OverrideError, caller_key
-from .view import Overrides, log_reset
+from .view import Overrides
 
 if TYPE_CHECKING:
     from fastapi import APIRouter
@@ -241,8 +241,9 @@ class AdminEndpoints:
     async def _reset(self, request: Request, caller: str) -> Response:
         limiter = limiter_of(request.scope)
         assert limiter is not None  # _overrides found it
-        await limiter.read(lambda: limiter.storage.reset(caller))
-        log_reset(self._who(request), caller)
+        overrides = self._overrides(request)
+        await overrides.reset(caller, lambda: limiter.read(lambda: limiter.storage.reset(caller)),
+                              by=self._who(request))
         return JSONResponse({"reset": caller}, headers={"Cache-Control": "no-store"})
 
 

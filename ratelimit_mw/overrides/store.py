@@ -61,6 +61,10 @@ class OverrideStore(ABC):
         """A pub/sub connection for ``channel``, when this store offers one."""
         return None
 
+    async def announce(self, message: str) -> None:  # noqa: B027 - optional hook
+        """Tell every worker ``message`` on ``channel`` (a store of one process has no
+        one else to tell)."""
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
 
@@ -178,6 +182,14 @@ class RedisOverrideStore(OverrideStore):
 
     def subscriber(self) -> Any | None:
         return self.client.pubsub() if self.channel is not None else None
+
+    async def announce(self, message: str) -> None:
+        if self.channel is None:
+            return
+        try:
+            await self.client.publish(self.channel, message)
+        except _FAILURES as exc:
+            raise _storage_error("announce a change of", exc) from exc
 
     async def close(self) -> None:
         if self._owns_client:

@@ -17,7 +17,7 @@ import ipaddress
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..errors import ConfigError, StorageError
@@ -84,6 +84,7 @@ class Overrides:
         self._networks: list[tuple[Any, Applied]] = []
         self._matched: dict[str, Applied | None] = {}
         self._reported: set[str] = set()
+        self._on_reset: Callable[[str], None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._synced = isinstance(self.store, MemoryOverrideStore)  # nothing to follow
         self._failing = False
@@ -101,12 +102,14 @@ class Overrides:
 
     # -- the request path ------------------------------------------------------------
 
-    def attach(self, tiers: TierTable) -> None:
-        """Apply the overrides against ``tiers`` (the middleware's)."""
+    def attach(self, tiers: TierTable, on_reset: Callable[[str], None] | None = None) -> None:
+        """Apply the overrides against ``tiers`` (the middleware's); ``on_reset(key)``
+        is told of counters reset through any worker (to drop what it kept of them)."""
         if self.tiers is not None and self.tiers is not tiers:
             msg = "these Overrides already serve another middleware; give each its own"
             raise ConfigError(msg)
         self.tiers = tiers
+        self._on_reset = on_reset
         self._rebuild()
 
     def find(self, key: str) -> Applied | None:
@@ -220,7 +223,7 @@ class Overrides:
                         message = await subscriber.get_message(
                             ignore_subscribe_messages=True, timeout=self.refresh_interval)
                         if message is not None:
-                            await self.refresh()
+                            await self._told(message.get("data"))
                             continue
                     else:
                         await asyncio.sleep(self.refresh_interval)
@@ -239,6 +242,24 @@ class Overrides:
                     with contextlib.suppress(Exception):
                         await subscriber.aclose()
             await asyncio.sleep(self.refresh_interval)
+
+    async def _told(self, data: object) -> None:
+        """Act on an announcement: counters reset, or overrides changed."""
+        if isinstance(data, bytes) and data.startswith(b"reset:"):
+            if self._on_reset is not None:
+                self._on_reset(data[6:].decode("utf-8", "surrogateescape"))
+            return
+        await self.refresh()
+
+    async def reset(self, key: str, clear: Callable[[], Awaitable[None]], *,
+                    by: str = "") -> None:
+        """Forget the counters of ``key`` (``clear`` does it in the storage), and tell
+        every worker to drop the denials it kept for it."""
+        await clear()
+        if self._on_reset is not None:
+            self._on_reset(key)
+        await self.store.announce(f"reset:{key}")
+        log_reset(by, key)
 
     async def close(self) -> None:
         """Stop following the store and close it."""

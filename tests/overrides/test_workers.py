@@ -163,3 +163,19 @@ def test_a_redis_restart_loses_no_override(
     _until(lambda: httpx.put(f"{a.url}/admin/ratelimit/overrides", headers=AUTH, json={
         "caller": "api_key:after", "tier": "pro"}).status_code == 200, timeout=5)
     assert _until(lambda: _limit(b, "after") == "1000", timeout=5) < 1.0
+
+
+def test_a_counter_reset_through_one_worker_frees_the_caller_on_the_other(
+        workers: tuple[ExampleServer, ExampleServer]) -> None:
+    """Counters reset through A: B, which kept the caller's denial, admits it again."""
+    a, b = workers
+    _put(a, {"caller": "api_key:spent", "limits": "3/minute", "plan": "small"})
+    _until(lambda: _limit(b, "spent") == "3", timeout=1)
+
+    def status(server: ExampleServer) -> int:
+        return httpx.get(f"{server.url}/hello", headers={"x-api-key": "spent"}).status_code
+
+    _until(lambda: status(b) == 429, timeout=2)
+    reset = httpx.post(f"{a.url}/admin/ratelimit/counters/api_key:spent/reset", headers=AUTH)
+    assert reset.status_code == 200
+    assert _until(lambda: status(b) == 200, timeout=5) < 1.0
