@@ -28,6 +28,7 @@ from .headers import HeaderFormat
 from .identity import Caller, Identity
 from .outcome import Charge, Outcome
 from .plans import Plan, Plans, enforced_denial, with_shadowed
+from .policy import Limit
 from .responses import iso_utc, json_body
 from .route_table import RouteTable
 from .routes import NO_ROUTE, RouteRule, RouteSpec
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
 __all__ = ["STATE_KEY", "Limiter", "limiter_of"]
 
 T = TypeVar("T")
+
+_BLOCK = Limit("1/second", "fixed_window", name="blocked")
+"""The policy a block of a caller whose tier has no limits is reported under."""
 
 STATE_KEY = "ratelimit"
 """Where ``scope["state"]`` holds the limiter of the request (for the quota endpoints and
@@ -264,9 +268,11 @@ class Limiter:
         wait = max(1, math.ceil(plan.blocked_until - now))
         verdict = Verdict(False, tuple(
             Decision(False, hit.limit.capacity, 0, wait, wait, hit.limit, hit.scope)
-            for hit in plan.hits), (), now)
+            for hit in plan.hits) or (Decision(False, 0, 0, wait, wait, _BLOCK),), (), now)
         outcome = self._finish(key, plan, verdict, "override", not self._shadow, now)
-        if outcome.refused:
+        if not plan.hits:
+            outcome.headers = []  # no limit to report: Retry-After alone says it
+        if outcome.refused and not self._remade:  # else the app's on_denied answers
             until = iso_utc(now + wait)
             body = json_body({
                 "error": "blocked",

@@ -140,3 +140,26 @@ def test_admin_routes_refuse_to_mount_without_token(monkeypatch: pytest.MonkeyPa
         admin_routes()
     with pytest.raises(ConfigError, match="at least 16"):
         admin_routes(token="short")
+
+
+async def test_block_of_a_tier_without_limits_and_a_custom_429(clock: FakeClock) -> None:
+    """A caller on a tier without rate limits is blocked too, and an app's on_denied
+    hook answers the block."""
+    seen: list[str] = []
+
+    def on_denied(scope: object, denial: object) -> PlainTextResponse:
+        seen.append(getattr(denial, "tier", ""))
+        return PlainTextResponse("go away", status_code=429)
+
+    overrides = Overrides(clock=clock)
+    app = Starlette(routes=[Route("/", _ok)])
+    app.add_middleware(RateLimitMiddleware, key="api_key", clock=clock, overrides=overrides,
+                       tiers=[Tier("unlimited", [])], on_denied=on_denied,
+                       header_style="legacy+draft-11")
+    await overrides.set(Override(caller_key("api_key:x"), blocked_until=clock() + 10))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
+        response = await c.get("/", headers={"x-api-key": "x"})
+    assert response.status_code == 429
+    assert response.text == "go away"
+    assert response.headers["retry-after"] == "10"
+    assert seen == ["unlimited"]
