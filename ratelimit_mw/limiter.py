@@ -37,7 +37,7 @@ from .storage import Storage
 from .tiers import Tier, TierTable
 
 if TYPE_CHECKING:
-    from .overrides import Overrides
+    from .overrides.view import Overrides
 
 __all__ = ["STATE_KEY", "Limiter", "limiter_of"]
 

@@ -43,7 +43,7 @@ from .storage import Storage, storage_from_url
 from .tiers import Tier, TierResolver, TierTable
 
 if TYPE_CHECKING:
-    from .overrides import Overrides
+    from .overrides.view import Overrides
 
 __all__ = ["RateLimitMiddleware"]
 
