@@ -38,7 +38,7 @@ from ..errors import ConfigError, StorageError
 from ..limiter import limiter_of
 from ..responses import error_response
 from ..settings import RateLimitSettings
-from .model import Override, OverrideError, caller_key
+from .model import Override, OverrideError, caller_key, limits_from_json
 from .view import Overrides
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ def override_from_body(data: object, *, now: float, by: str) -> Override:
     if limits is not None and not isinstance(limits, list | str):
         raise OverrideError("limits", "expected a rate string or a list of limits")
     if isinstance(limits, list):
-        limits = Override.from_dict({"caller": caller, "limits": limits, "plan": "x"}).limits
+        limits = limits_from_json(limits)
     concurrency = data.get("concurrency")
     plan = data.get("plan", "custom")
     reason = data.get("reason", "")
