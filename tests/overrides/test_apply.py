@@ -163,3 +163,23 @@ async def test_block_of_a_tier_without_limits_and_a_custom_429(clock: FakeClock)
     assert response.text == "go away"
     assert response.headers["retry-after"] == "10"
     assert seen == ["unlimited"]
+
+
+async def test_the_429_body_and_the_metrics_hook_show_the_override(clock: FakeClock) -> None:
+    """A caller over its custom limit is told that limit, and the decision hook sees the
+    override's plan as its tier."""
+    events: list[tuple[str, bool]] = []
+    overrides = Overrides(clock=clock)
+    app = Starlette(routes=[Route("/", _ok)])
+    app.add_middleware(RateLimitMiddleware, key="api_key", clock=clock, overrides=overrides,
+                       tiers=[Tier("free", "2/minute")],
+                       on_decision=lambda event: events.append((event.tier, event.refused)))
+    await overrides.set(Override(caller_key("api_key:acme"), limits="3/minute", plan="acme"))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
+        codes = [(await c.get("/", headers={"x-api-key": "acme"})).status_code for _ in range(3)]
+        denied = await c.get("/", headers={"x-api-key": "acme"})
+    assert codes == [200, 200, 200]
+    assert denied.status_code == 429
+    assert denied.json()["limit"] == 3
+    assert "3 requests per minute" in denied.json()["message"]
+    assert events == [("acme", False)] * 3 + [("acme", True)]
