@@ -31,6 +31,7 @@ __all__ = ["Applied", "Overrides"]
 
 _log = logging.getLogger("ratelimit_mw")
 _MATCHES_KEPT = 10_000  # ip keys whose network match is remembered (then forgotten at once)
+_CALL_TIMEOUT = 5.0  # seconds any one call to the store may take before it counts as failed
 
 
 class Applied:
@@ -203,8 +204,9 @@ class Overrides:
     async def start(self) -> None:
         """Load the overrides now and follow the store (else done at the first request)."""
         if self._task is None and not isinstance(self.store, MemoryOverrideStore):
-            with contextlib.suppress(StorageError):
-                await self.refresh()
+            with contextlib.suppress(StorageError, TimeoutError):
+                async with asyncio.timeout(_CALL_TIMEOUT):
+                    await self.refresh()
             self._start()
 
     async def _follow(self) -> None:
@@ -212,23 +214,25 @@ class Overrides:
         while True:
             subscriber = store.subscriber()
             try:
-                if subscriber is not None:
-                    await subscriber.subscribe(store.channel)
-                await self.refresh()  # after subscribing: no change falls in between
+                async with asyncio.timeout(_CALL_TIMEOUT):
+                    if subscriber is not None:
+                        await subscriber.subscribe(store.channel)
+                    await self.refresh()  # after subscribing: no change falls in between
                 if self._failing:
                     self._failing = False
                     _log.warning("ratelimit_mw: the override store answers again")
                 while True:
-                    if subscriber is not None:
-                        message = await subscriber.get_message(
-                            ignore_subscribe_messages=True, timeout=self.refresh_interval)
-                        if message is not None:
-                            await self._told(message.get("data"))
-                            continue
-                    else:
+                    if subscriber is None:
                         await asyncio.sleep(self.refresh_interval)
-                    if await store.version() != self.version:
-                        await self.refresh()
+                    async with asyncio.timeout(self.refresh_interval + _CALL_TIMEOUT):
+                        if subscriber is not None:
+                            message = await subscriber.get_message(
+                                ignore_subscribe_messages=True, timeout=self.refresh_interval)
+                            if message is not None:
+                                await self._told(message.get("data"))
+                                continue
+                        if await store.version() != self.version:
+                            await self.refresh()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a storage or connection error: keep the view
@@ -240,7 +244,8 @@ class Overrides:
             finally:
                 if subscriber is not None:
                     with contextlib.suppress(Exception):
-                        await subscriber.aclose()
+                        async with asyncio.timeout(_CALL_TIMEOUT):
+                            await subscriber.aclose()
             await asyncio.sleep(self.refresh_interval)
 
     async def _told(self, data: object) -> None:
@@ -266,9 +271,10 @@ class Overrides:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await self.store.close()
+            await asyncio.wait({task}, timeout=_CALL_TIMEOUT)
+        with contextlib.suppress(StorageError, TimeoutError):
+            async with asyncio.timeout(_CALL_TIMEOUT):
+                await self.store.close()
 
     # -- changes ---------------------------------------------------------------------
 
