@@ -3,8 +3,8 @@
 Mount it behind ``RateLimitMiddleware`` given ``overrides=`` (it acts on that
 middleware's overrides and storage)::
 
-    app = Starlette(routes=[*admin_routes()])            # Starlette
     app.include_router(admin_router())                    # FastAPI
+    app = Starlette(routes=[*admin_router().routes])      # Starlette
 
 Every call needs ``Authorization: Bearer <token>``, the token being
 ``RATELIMIT_ADMIN_TOKEN`` (or ``token=``); without one the router is not made.
@@ -26,13 +26,12 @@ from __future__ import annotations
 import hmac
 import json
 import math
-from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, Router
 
 from ..errors import ConfigError, StorageError
 from ..limiter import limiter_of
@@ -41,10 +40,7 @@ from ..settings import RateLimitSettings
 from .model import Override, OverrideError, caller_key, limits_from_json
 from .view import Overrides
 
-if TYPE_CHECKING:
-    from fastapi import APIRouter
-
-__all__ = ["ADMIN_PATH", "AdminEndpoints", "admin_router", "admin_routes"]
+__all__ = ["ADMIN_PATH", "AdminEndpoints", "admin_router"]
 
 ADMIN_PATH = "/admin/ratelimit"
 MIN_TOKEN = 16
@@ -247,35 +243,26 @@ class AdminEndpoints:
         return JSONResponse({"reset": caller}, headers={"Cache-Control": "no-store"})
 
 
-def _routes(endpoints: AdminEndpoints, path: str) -> list[tuple[str, Any, list[str], str]]:
-    return [
-        (f"{path}/overrides", endpoints.overrides, ["GET", "PUT"], "ratelimit_admin_overrides"),
-        (f"{path}/overrides/{{caller:path}}", endpoints.override, ["GET", "DELETE"],
-         "ratelimit_admin_override"),
-        (f"{path}/counters/{{caller:path}}/reset", endpoints.reset, ["POST"],
-         "ratelimit_admin_reset"),
-    ]
-
-
-def admin_routes(path: str = ADMIN_PATH, *, token: str | None = None,
-                 settings: RateLimitSettings | None = None) -> list[Route]:
-    """Starlette routes of the admin API (a ConfigError without a token)."""
-    endpoints = AdminEndpoints(token, settings=settings)
-    return [Route(route, endpoint, methods=methods, name=name)
-            for route, endpoint, methods, name in _routes(endpoints, path)]
-
-
 def admin_router(path: str = ADMIN_PATH, *, token: str | None = None,
-                 settings: RateLimitSettings | None = None,
-                 tags: Sequence[str] = ("ratelimit admin",)) -> APIRouter:
-    """A FastAPI ``APIRouter`` with the same endpoints."""
+                 settings: RateLimitSettings | None = None) -> Router:
+    """A router with the admin endpoints (a ConfigError without a token).
+
+    FastAPI: ``app.include_router(admin_router())`` (it is then a FastAPI
+    ``APIRouter``); Starlette: ``Starlette(routes=[*admin_router().routes])``. The
+    routes are plain Starlette routes, so they serve in either app (and stay out of
+    FastAPI's OpenAPI schema, like the quota endpoints).
+    """
+    endpoints = AdminEndpoints(token, settings=settings)
+    routes = [
+        Route(f"{path}/overrides", endpoints.overrides, methods=["GET", "PUT"],
+              name="ratelimit_admin_overrides"),
+        Route(f"{path}/overrides/{{caller:path}}", endpoints.override,
+              methods=["GET", "DELETE"], name="ratelimit_admin_override"),
+        Route(f"{path}/counters/{{caller:path}}/reset", endpoints.reset, methods=["POST"],
+              name="ratelimit_admin_reset"),
+    ]
     try:
         from fastapi import APIRouter
-    except ImportError as exc:  # pragma: no cover - fastapi is an optional extra
-        msg = "admin_router needs FastAPI: pip install 'ratelimit_mw[fastapi]'"
-        raise ImportError(msg) from exc
-    endpoints = AdminEndpoints(token, settings=settings)
-    router = APIRouter(tags=list(tags))
-    for route, endpoint, methods, name in _routes(endpoints, path):
-        router.add_route(route, endpoint, methods=methods, name=name)
-    return router
+    except ImportError:  # a Starlette app: FastAPI is an optional extra
+        return Router(routes=routes)
+    return APIRouter(routes=list(routes))

@@ -247,7 +247,7 @@ def _limit_from(item: object, index: int) -> Limit:
             raise OverrideError(where, f"unknown field(s) {unknown}; expected "
                                        f"{sorted(_LIMIT_FIELDS)}")
         limit = Limit(item["rate"], item.get("algorithm", "sliding_window"),
-                      item.get("burst"), item.get("name") or "")
+                      burst=item.get("burst"), name=item.get("name") or "")
     except OverrideError:
         raise
     except ConfigError as exc:

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ratelimit_mw import RateLimitMiddleware, Tier
+from ratelimit_mw import RateLimitMiddleware, RateLimitSettings, Tier
 from ratelimit_mw.overrides import Overrides, admin_router, caller_key
 from tests.conftest import FakeClock
 
@@ -32,7 +32,7 @@ def make_app(clock: FakeClock) -> FastAPI:
     app.add_middleware(RateLimitMiddleware, key="api_key", clock=clock,  # type: ignore[arg-type]
                        overrides=Overrides(clock=clock),
                        tiers=[Tier("free", "2/minute"), Tier("pro", "5/minute")],
-                       exempt_paths=["/admin/ratelimit/{rest:path}"])
+                       settings=RateLimitSettings(exempt_paths=["/admin/ratelimit/{rest:path}"]))
     return app
 
 

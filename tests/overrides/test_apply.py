@@ -8,10 +8,10 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from ratelimit_mw import RateLimitMiddleware, Tier, TierByAPIKey
+from ratelimit_mw import RateLimitMiddleware, RateLimitSettings, Tier, TierByAPIKey
 from ratelimit_mw.errors import ConfigError
-from ratelimit_mw.overrides import Override, OverrideError, Overrides, admin_routes, caller_key
-from ratelimit_mw.quota import quota_routes
+from ratelimit_mw.overrides import Override, OverrideError, Overrides, admin_router, caller_key
+from ratelimit_mw.quota import quota_router
 from tests.conftest import FakeClock
 
 TOKEN = "test-admin-token-0123456789"
@@ -24,12 +24,14 @@ async def _ok(request: object) -> PlainTextResponse:
 
 def make_app(clock: FakeClock) -> tuple[Starlette, Overrides]:
     overrides = Overrides(clock=clock)
-    app = Starlette(routes=[Route("/", _ok), *quota_routes(), *admin_routes(token=TOKEN)])
+    app = Starlette(routes=[Route("/", _ok), *quota_router().routes,
+                            *admin_router(token=TOKEN).routes])
     app.add_middleware(
         RateLimitMiddleware, key="api_key", clock=clock, overrides=overrides,
         tiers=[Tier("free", "2/minute"), Tier("pro", "5/minute")],
         tier_resolver=TierByAPIKey({"k-pro": "pro"}),
-        exempt_paths=["/admin/ratelimit/{rest:path}", "/api/v1/account/quota"])
+        settings=RateLimitSettings(
+            exempt_paths=["/admin/ratelimit/{rest:path}", "/api/v1/account/quota"]))
     return app, overrides
 
 
@@ -133,13 +135,13 @@ async def test_unknown_tier_and_past_expiry_are_refused(clock: FakeClock) -> Non
         await overrides.set(Override("apikey:x", tier="free", expires_at=clock() - 1))
 
 
-def test_admin_routes_refuse_to_mount_without_token(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_admin_router_refuses_to_mount_without_token(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without RATELIMIT_ADMIN_TOKEN the admin API is not made."""
     monkeypatch.delenv("RATELIMIT_ADMIN_TOKEN", raising=False)
     with pytest.raises(ConfigError, match="RATELIMIT_ADMIN_TOKEN"):
-        admin_routes()
+        admin_router()
     with pytest.raises(ConfigError, match="at least 16"):
-        admin_routes(token="short")
+        admin_router(token="short")
 
 
 async def test_block_of_a_tier_without_limits_and_a_custom_429(clock: FakeClock) -> None:
@@ -155,7 +157,7 @@ async def test_block_of_a_tier_without_limits_and_a_custom_429(clock: FakeClock)
     app = Starlette(routes=[Route("/", _ok)])
     app.add_middleware(RateLimitMiddleware, key="api_key", clock=clock, overrides=overrides,
                        tiers=[Tier("unlimited", [])], on_denied=on_denied,
-                       header_style="legacy+draft-11")
+                       settings=RateLimitSettings(header_style="legacy+draft-11"))
     await overrides.set(Override(caller_key("api_key:x"), blocked_until=clock() + 10))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
         response = await c.get("/", headers={"x-api-key": "x"})
