@@ -203,7 +203,7 @@ async def upstream(failure_rate: float = Query(0.0, ge=0, le=1)) -> JSONResponse
     return JSONResponse(result)
 
 
-app.include_router(quota_router(), responses=UNKNOWN_KEY)
+app.include_router(quota_router())  # document_limits describes its two routes
 if settings.admin_token is not None:
     app.include_router(admin_router(settings=settings))
 else:

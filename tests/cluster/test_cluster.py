@@ -20,6 +20,9 @@ from ratelimit_mw.storage.keys import redis_key
 from tests.engine.test_storage import limit_for
 from tests.redis_servers import ClusterDeployment, StorageFactory, storage_factory
 
+# The session's deployment takes seconds to start: not in the quick loop.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 async def make(redis_cluster_url: str) -> AsyncIterator[StorageFactory]:

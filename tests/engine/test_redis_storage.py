@@ -39,6 +39,19 @@ async def raw(redis_url: str) -> AsyncIterator[aioredis.Redis]:
     await client.aclose()
 
 
+@pytest.fixture
+async def on_own_redis(
+    own_redis_url: str, redis_prefix: str,
+) -> AsyncIterator[tuple[RedisStorage, aioredis.Redis]]:
+    """A storage and a plain client on the session's own Redis, for tests that flush
+    its scripts."""
+    storage = RedisStorage.from_url(own_redis_url, prefix=redis_prefix)
+    client = aioredis.Redis.from_url(own_redis_url)
+    yield storage, client
+    await client.aclose()
+    await storage.close()
+
+
 def three_limits() -> list[Hit]:
     return [Hit(Limit("10/minute", "token_bucket", burst=20)),
             Hit(Limit("1000/day", "fixed_window")),
@@ -241,8 +254,11 @@ async def test_decides_on_the_redis_clock(
     assert verdict.at is not None and abs(verdict.at - redis_now) < 0.5
 
 
-async def test_reloads_the_script_after_a_flush(storage: RedisStorage, raw: aioredis.Redis) -> None:
+async def test_reloads_the_script_after_a_flush(
+    on_own_redis: tuple[RedisStorage, aioredis.Redis],
+) -> None:
     """After SCRIPT FLUSH (a restart, a failover) the script is loaded again transparently."""
+    storage, raw = on_own_redis
     hit = Hit(Limit("2/minute"))
     assert (await storage.decide("flush", [hit])).allowed
     await raw.script_flush()
@@ -388,9 +404,10 @@ async def test_concurrent_decisions_share_one_pipeline(
 
 
 async def test_a_pipeline_reloads_the_script_after_a_flush(
-    storage: RedisStorage, raw: aioredis.Redis,
+    on_own_redis: tuple[RedisStorage, aioredis.Redis],
 ) -> None:
     """NOSCRIPT inside a pipeline loads the script again; every decision still counts."""
+    storage, raw = on_own_redis
     hit = Hit(Limit("3/minute", "sliding_log"))
     await storage.decide("warm", [hit])
     await raw.script_flush()

@@ -407,6 +407,7 @@ async def test_failing_quota_reads_leave_the_decisions_storage_on(
     assert greeted.headers["x-ratelimit-remaining"] == str(100 - 31)  # decided, not skipped
 
 
+@pytest.mark.slow
 async def test_a_stalled_quota_read_is_bounded() -> None:
     """A storage that stalls on the report (Redis in a long command): the quota
     endpoint answers 503 within its bound (ten times the decisions' timeout, a second
