@@ -87,6 +87,7 @@ class _Batch:
             self.done = True
 
 
+_MOST_DOUBTFUL = 10_000  # slots kept to give back after a lost connection; more lapse
 _NO_REPLY = object()  # what the reader gives while a reply is incomplete (RESP3 has false)
 
 
@@ -207,8 +208,9 @@ class Pipeline:
     After ``close()`` it may be used again: it connects anew (and must be closed again).
     """
 
-    __slots__ = ("_abandon", "_client", "_connecting", "_cut", "_held", "_inflight", "_loop",
-                 "_pending", "_pipe", "_retiring", "_watch", "_watch_at", "script")
+    __slots__ = ("_abandon", "_client", "_connecting", "_cut", "_doubtful", "_held",
+                 "_inflight", "_loop", "_pending", "_pipe", "_retiring", "_watch", "_watch_at",
+                 "script")
 
     def __init__(self, client: Redis, script: bytes,
                  abandon: Callable[[Slots], None]) -> None:
@@ -228,6 +230,10 @@ class Pipeline:
         self._watch: asyncio.TimerHandle | None = None
         self._watch_at = math.inf
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop all this belongs to
+        # The slots of decisions written on a connection lost before their reply: Redis
+        # may still run them (a frozen Redis reads what was sent once it resumes), and
+        # nobody would give those slots back. Given back once Redis answers again.
+        self._doubtful: list[Slots] = []
 
     def put(self, entry: Queued, loop: asyncio.AbstractEventLoop) -> None:
         """Queue ``entry`` for this tick's flush on ``loop``, the running loop (the caller
@@ -259,6 +265,7 @@ class Pipeline:
         watch, self._watch, self._watch_at = self._watch, None, math.inf
         self._inflight.clear()
         self._retiring.clear()
+        self._doubtful = []
         self._cut = False
         if pipe is not None:
             pipe.closed = True
@@ -358,6 +365,8 @@ class Pipeline:
     def answer(self, entry: Queued, reply: Any) -> None:
         """Hand ``reply`` to its caller; if the caller gave up on an admitted decision,
         give back the slots it took for nobody."""
+        if self._doubtful:
+            self._give_back_doubtful()
         future = entry[2]
         if future.done():
             slots = entry[4]
@@ -369,16 +378,28 @@ class Pipeline:
         else:
             future.set_result(reply)
 
+    def _give_back_doubtful(self) -> None:
+        """Redis answers again, so it has run whatever a lost connection had sent it (read
+        before anything written since): give back the slots those decisions may have
+        taken (a ZREM of a slot never taken removes nothing)."""
+        doubtful, self._doubtful = self._doubtful, []
+        for slots in doubtful:
+            self._abandon(slots)
+
     def lost(self, pipe: _Pipe, exc: Exception) -> None:
-        """The connection is gone: every command still waiting on it fails."""
+        """The connection is gone: every command still waiting on it fails (a decision
+        that took slots may still run: see ``_doubtful``)."""
         if self._pipe is pipe:
             self._pipe = None
         waiting, pipe.waiting = pipe.waiting, deque()
+        doubtful = self._doubtful
         for batch, entry, _ in waiting:
             if batch is not None:
                 batch.done = True
             if entry is not None:
                 _fail(entry[2], exc)
+                if entry[4] is not None and len(doubtful) < _MOST_DOUBTFUL:
+                    doubtful.append(entry[4])
         if not pipe.closed:
             pipe.closed = True
             task = asyncio.get_running_loop().create_task(
@@ -457,6 +478,9 @@ class Pipeline:
             # Else a TLS connection could still be closing when its loop ends, and its
             # socket would be left open.
             await asyncio.wait([pipe.gone], timeout=1.0)
+        # Closed on purpose: no give-back is left to start a connection of its own later,
+        # perhaps once this loop has ended.
+        self._doubtful = []
         if self._watch is not None:
             self._watch.cancel()
             self._watch, self._watch_at = None, math.inf
