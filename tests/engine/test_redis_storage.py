@@ -267,6 +267,36 @@ async def test_a_slot_taken_by_a_decision_redis_ran_after_the_cut_off_is_given_b
         server.stop()
 
 
+async def test_a_decision_redis_ran_after_its_timeout_charges_its_own_cost_once() -> None:
+    """The bound docs/failure.md states: a decision that timed out on the app side but
+    that Redis ran later charges its own caller once, its own cost, and nothing more."""
+    import os
+    import signal
+
+    server = RedisServer()
+    server.start()
+    storage = RedisStorage.from_url(server.url, timeout=0.1)
+    limit = Limit("10/minute")
+    try:
+        first = await storage.decide("k", [Hit(limit)])
+        assert first.decisions[0].remaining == 9
+        assert server.proc is not None
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            for _ in range(3):  # each sent, then given up on after 0.1 s
+                with pytest.raises(StorageError):
+                    await storage.decide("k", [Hit(limit, 2)])
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        other = await storage.decide("someone-else", [Hit(limit)])
+        after = await storage.peek("k", [Hit(limit)])
+        assert other.decisions[0].remaining == 9  # nobody else was charged
+        assert after.decisions[0].remaining == 9 - 3 * 2  # each undecided one charged once
+    finally:
+        await storage.close()
+        server.stop()
+
+
 def test_a_cluster_storage_takes_its_timeout() -> None:
     storage = cluster_storage_from_url("redis+cluster://127.0.0.1:7999", timeout=0.5)
     assert (storage.timeout, storage.pipeline) == (0.5, False)
