@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import httpx
@@ -33,18 +34,20 @@ def test_failures_seen_by_one_worker_open_the_breaker_of_both(
     """Two workers: the first to see three failures opens; then every request, whichever
     worker takes it, is refused with 503 (the other saw at most two failures, too few to
     open on its own)."""
-    env = {"RL_APP_REDIS": redis_process.url, "RL_APP_PREFIX": f"t{uuid.uuid4().hex[:8]}:"}
+    env = {"RL_APP_REDIS": f"redis://127.0.0.1:{redis_process.port}/0",
+           "RL_APP_PREFIX": f"t{uuid.uuid4().hex[:8]}:"}
     with uvicorn_server(env, workers=2, app="tests.reliability.breaker_app:app") as url:
         failures: dict[str, int] = {}
         while max(failures.values(), default=0) < 3:  # the first worker to see 3 opens
             status, pid = _get(url, "/guarded/fail")
             assert status == 500, (status, failures)
             failures[pid] = failures.get(pid, 0) + 1
+        time.sleep(0.5)  # ten sync intervals: the other worker has read the opening
         seen: dict[str, set[int]] = {}
         for _ in range(200):
             status, pid = _get(url, "/guarded/ok")
             seen.setdefault(pid, set()).add(status)
-            if len(seen) == 2 and sum(len(s) for s in seen.values()) >= 2:
+            if len(seen) == 2:
                 break
         assert len(seen) == 2, seen  # both workers answered
         assert all(statuses == {503} for statuses in seen.values()), (failures, seen)
