@@ -94,8 +94,10 @@ class SharedCircuitBreaker(CircuitBreaker):
         return super().acquire()
 
     async def sync(self) -> None:
-        """Read the shared state now (the breaker also reads it by itself every
-        ``sync_interval`` seconds)."""
+        """Read the shared state now, and from now on every ``sync_interval`` seconds. The
+        reads start by themselves at the first call, which may then miss an opening: await
+        this at start-up (an app's lifespan) so that the first call knows of it."""
+        self._start_reading()
         await self._read()
 
     async def aclose(self) -> None:
@@ -110,19 +112,22 @@ class SharedCircuitBreaker(CircuitBreaker):
             await self._redis.aclose()
 
     def _shared_left(self) -> float:
-        """Seconds another process's opening still lasts (its end is logged once); starts
-        the reads on the running event loop if they have not started there."""
-        poller = self._poller
-        if poller is None or poller.done():
-            with contextlib.suppress(RuntimeError):  # no running loop: a synchronous look
-                self._poller = asyncio.get_running_loop().create_task(
-                    self._poll(), name=f"shared breaker {self.name!r}")
+        """Seconds another process's opening still lasts (its end is logged once)."""
+        self._start_reading()
         left = self._shared_until - self._clock()
         if left <= 0 and self._adopted:
             self._adopted = False
             _log.info("circuit %r: open -> %s (the opening shared by another process ended)",
                       self.name, super().state)
         return max(0.0, left)
+
+    def _start_reading(self) -> None:
+        """Read the shared state every ``sync_interval`` on the running loop, from now."""
+        poller = self._poller
+        if poller is None or poller.done():
+            with contextlib.suppress(RuntimeError):  # no running loop: a synchronous look
+                self._poller = asyncio.get_running_loop().create_task(
+                    self._poll(), name=f"shared breaker {self.name!r}")
 
     def _changed(self, old: CircuitState, new: CircuitState) -> None:
         """Every transition: write an opening to Redis (in the background), then call the

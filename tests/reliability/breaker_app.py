@@ -60,6 +60,7 @@ class _Tagged:
 
 @asynccontextmanager
 async def _lifespan(app: Starlette) -> AsyncIterator[None]:
+    await breaker.sync()  # reading the shared state starts before the first call
     yield
     await breaker.aclose()
 
