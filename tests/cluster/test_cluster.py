@@ -8,6 +8,8 @@ every other test finds its keys wherever they are, so the order does not matter.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable
 
@@ -16,7 +18,7 @@ import pytest
 from ratelimit_mw import ALGORITHM_NAMES, Hit, Limit, RedisStorage, StorageError, Verdict
 from ratelimit_mw.storage.keys import redis_key
 from tests.engine.test_storage import limit_for
-from tests.redis_servers import ClusterDeployment, StorageFactory, storage_factory
+from tests.redis_servers import ClusterDeployment, RedisProcess, StorageFactory, storage_factory
 
 
 @pytest.fixture
@@ -221,3 +223,64 @@ async def test_unreachable_cluster_is_a_storage_error(make: StorageFactory) -> N
         with pytest.raises(StorageError):
             await dead.decide("x", [Hit(Limit.parse("1/second"))])
         assert not await dead.ping()
+
+
+def _first_slots(cluster: ClusterDeployment, node: RedisProcess, count: int) -> set[int]:
+    """The ``count`` lowest slots ``node`` serves: those ``redis-cli --cluster reshard``
+    moves first."""
+    owned = sorted(slot for start, end, (_, port, *_rest), *_replicas
+                   in node.call("CLUSTER", "SLOTS") if port == node.port
+                   for slot in range(start, end + 1))
+    return set(owned[:count])
+
+
+def _reshard(cluster: ClusterDeployment, source: RedisProcess, target: RedisProcess,
+             slots: int) -> None:
+    """``redis-cli --cluster reshard``: ``slots`` slots from ``source`` to ``target``."""
+    subprocess.run(
+        [shutil.which("redis-cli") or "redis-cli", "--cluster", "reshard",
+         f"127.0.0.1:{source.port}", "--cluster-from", cluster.node_id(source),
+         "--cluster-to", cluster.node_id(target), "--cluster-slots", str(slots),
+         "--cluster-yes"],
+        check=True, capture_output=True, timeout=120)
+
+
+async def test_a_live_reshard_under_traffic_retries_within_the_timeout(
+    make: StorageFactory, redis_cluster: ClusterDeployment,
+) -> None:
+    """``redis-cli --cluster reshard`` moves 200 slots while 60 identities are decided, a
+    third of them in slots that move: TRYAGAIN and ASK are retried within the storage
+    timeout (every decision a verdict, none a StorageError), and afterwards every count
+    is exact."""
+    storage = make(max_connections=20, timeout=2.0)
+    hit = Hit(Limit("1000000/hour", "fixed_window"))
+    source, target = redis_cluster.nodes[0], redis_cluster.nodes[1]
+    moving = _first_slots(redis_cluster, source, 200)
+
+    def slot_of(name: str) -> int:
+        return ClusterDeployment.slot(redis_key(storage.prefix, name, "", hit.limit.uid))
+
+    names = [f"id{i}" for i in range(100_000)]
+    movers = [name for name in names if slot_of(name) in moving][:20]
+    stayers = [name for name in names if slot_of(name) not in moving][:40]
+    assert len(movers) == 20
+    for name in movers + stayers:  # their keys exist before the move (moved by MIGRATE)
+        await storage.decide(name, [hit])
+    admitted = dict.fromkeys(movers + stayers, 1)
+    failures: list[StorageError] = []
+    mover = asyncio.create_task(asyncio.to_thread(_reshard, redis_cluster, source, target, 200))
+    try:
+        while not mover.done():
+            results = await asyncio.gather(*(outcome(storage.decide(name, [hit]))
+                                              for name in movers + stayers))
+            for name, result in zip(movers + stayers, results, strict=True):
+                if isinstance(result, StorageError):
+                    failures.append(result)
+                else:
+                    admitted[name] += result.allowed
+    finally:
+        await mover
+    assert not failures, failures[:3]
+    for name, count in admitted.items():
+        after = await storage.peek(name, [hit])
+        assert after.decisions[0].remaining == 1_000_000 - count, name
