@@ -9,6 +9,9 @@ pool checkout (redis-py's pool did all three for every batch).
 The connection is made by the client's own connection class (so ``AUTH``,
 ``SELECT``, TLS and Sentinel's primary lookup happen as they would for any
 command); it lives outside the client's pool, and is made again after it is lost.
+When the pipe closes the socket, redis-py's connection object forgets it at once (not
+in a task, which would never run if its event loop ended first): else, collected
+later, it would warn of an unclosed connection in whatever runs then.
 """
 
 from __future__ import annotations
@@ -209,8 +212,7 @@ class Pipeline:
     """
 
     __slots__ = ("_abandon", "_client", "_connecting", "_cut", "_doubtful", "_held",
-                 "_inflight", "_loop", "_pending", "_pipe", "_retiring", "_watch", "_watch_at",
-                 "script")
+                 "_inflight", "_loop", "_pending", "_pipe", "_watch", "_watch_at", "script")
 
     def __init__(self, client: Redis, script: bytes,
                  abandon: Callable[[Slots], None]) -> None:
@@ -222,7 +224,6 @@ class Pipeline:
         self._pipe: _Pipe | None = None
         self._connecting: asyncio.Task[None] | None = None
         self._cut = False  # the set-up is being cut off (not closed)
-        self._retiring: set[asyncio.Task[None]] = set()
         # Batches with a deadline, oldest first, until they are done; one timer (not one
         # per batch: arming one costs more than the rest of a batch) looks at them when
         # the earliest deadline falls due.
@@ -264,7 +265,6 @@ class Pipeline:
         connecting, self._connecting = self._connecting, None
         watch, self._watch, self._watch_at = self._watch, None, math.inf
         self._inflight.clear()
-        self._retiring.clear()
         self._doubtful = []
         self._cut = False
         if pipe is not None:
@@ -280,6 +280,7 @@ class Pipeline:
                 connecting.cancel()
             if pipe is not None:
                 pipe.transport.abort()
+                _forget(pipe.connection)  # not reached if that loop is closed
 
     def _unanswered(self) -> list[Queued]:
         """Every command flushed and not answered yet: held while connecting, or written."""
@@ -402,10 +403,8 @@ class Pipeline:
                     doubtful.append(entry[4])
         if not pipe.closed:
             pipe.closed = True
-            task = asyncio.get_running_loop().create_task(
-                pipe.connection.disconnect(nowait=True))
-            self._retiring.add(task)
-            task.add_done_callback(self._retiring.discard)
+            pipe.transport.close()
+            _forget(pipe.connection)
 
     def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
         if self._watch is not None:
@@ -485,8 +484,13 @@ class Pipeline:
             self._watch.cancel()
             self._watch, self._watch_at = None, math.inf
         self._inflight.clear()
-        if self._retiring:
-            await asyncio.gather(*self._retiring, return_exceptions=True)
+
+
+def _forget(connection: AbstractConnection) -> None:
+    """Make redis-py's ``connection`` forget a socket the pipe has closed (or is closing:
+    its stream writer, dropped, would close it otherwise), as its ``disconnect`` does."""
+    connection._parser.on_disconnect()  # type: ignore[no-untyped-call]
+    connection._reader = connection._writer = None
 
 
 def _live(entries: list[Queued]) -> list[Queued]:
