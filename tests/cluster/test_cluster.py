@@ -248,39 +248,42 @@ def _reshard(cluster: ClusterDeployment, source: RedisProcess, target: RedisProc
 async def test_a_live_reshard_under_traffic_retries_within_the_timeout(
     make: StorageFactory, redis_cluster: ClusterDeployment,
 ) -> None:
-    """``redis-cli --cluster reshard`` moves 200 slots while 60 identities are decided, a
-    third of them in slots that move: TRYAGAIN and ASK are retried within the storage
-    timeout (every decision a verdict, none a StorageError), and afterwards every count
-    is exact."""
+    """``redis-cli --cluster reshard`` moves 200 slots while identities are decided on two
+    limits each (two keys), old ones and new ones, many in slots that move: a new
+    identity in a slot mid-migration gets TRYAGAIN (its keys are on neither node), an
+    old one ASK; both are retried within the storage timeout (every decision a verdict,
+    none a StorageError), and afterwards every count is exact."""
     storage = make(max_connections=20, timeout=2.0)
-    hit = Hit(Limit("1000000/hour", "fixed_window"))
+    hits = [Hit(Limit("1000000/hour", "fixed_window")),
+            Hit(Limit("1000000/hour", "sliding_window"))]
     source, target = redis_cluster.nodes[0], redis_cluster.nodes[1]
     moving = _first_slots(redis_cluster, source, 200)
 
     def slot_of(name: str) -> int:
-        return ClusterDeployment.slot(redis_key(storage.prefix, name, "", hit.limit.uid))
+        return ClusterDeployment.slot(redis_key(storage.prefix, name, "", hits[0].limit.uid))
 
-    names = [f"id{i}" for i in range(100_000)]
-    movers = [name for name in names if slot_of(name) in moving][:20]
-    stayers = [name for name in names if slot_of(name) not in moving][:40]
-    assert len(movers) == 20
-    for name in movers + stayers:  # their keys exist before the move (moved by MIGRATE)
-        await storage.decide(name, [hit])
-    admitted = dict.fromkeys(movers + stayers, 1)
+    names = [f"id{i}" for i in range(200_000)]
+    movers = [name for name in names if slot_of(name) in moving]
+    old = movers[:20] + [name for name in names if slot_of(name) not in moving][:20]
+    fresh = iter(movers[20:])  # new identities, in slots that move
+    for name in old:
+        await storage.decide(name, hits)
+    admitted = dict.fromkeys(old, 1)
     failures: list[StorageError] = []
     mover = asyncio.create_task(asyncio.to_thread(_reshard, redis_cluster, source, target, 200))
     try:
         while not mover.done():
-            results = await asyncio.gather(*(outcome(storage.decide(name, [hit]))
-                                              for name in movers + stayers))
-            for name, result in zip(movers + stayers, results, strict=True):
+            batch = old + [next(fresh) for _ in range(10)]
+            results = await asyncio.gather(*(outcome(storage.decide(name, hits))
+                                              for name in batch))
+            for name, result in zip(batch, results, strict=True):
                 if isinstance(result, StorageError):
                     failures.append(result)
                 else:
-                    admitted[name] += result.allowed
+                    admitted[name] = admitted.get(name, 0) + result.allowed
     finally:
         await mover
     assert not failures, failures[:3]
     for name, count in admitted.items():
-        after = await storage.peek(name, [hit])
-        assert after.decisions[0].remaining == 1_000_000 - count, name
+        after = await storage.peek(name, hits)
+        assert [d.remaining for d in after.decisions] == [1_000_000 - count] * 2, name
