@@ -106,6 +106,11 @@ class RateLimitMiddleware:
         self._watches = DisconnectWatches()
 
     @property
+    def on_denied(self) -> DeniedHook | None:
+        """The hook that makes the 429 instead of the default body, if any."""
+        return self._on_denied
+
+    @property
     def storage(self) -> Storage:
         """The storage the limits are decided on."""
         return self.limiter.storage

@@ -60,6 +60,7 @@ from .decision import Decision
 from .errors import StorageError, describe_error
 from .identity import Caller
 from .limiter import Limiter, limiter_of
+from .openapi.components import error_schema
 from .responses import error_response, iso_utc
 from .storage.base import BUCKET_SECONDS, Granularity
 
@@ -306,9 +307,22 @@ def quota_router(
     endpoints = QuotaEndpoints(allow_anonymous=allow_anonymous)
     router = APIRouter(tags=list(tags))
     extra: dict[str, Any] = {"response_class": JSONResponse}
+    answers = _answers((401, "Who you are is not known: send your API key.",
+                        ["unauthorized"]),
+                       (503, "The storage can't be read right now; retry after Retry-After "
+                             "seconds.", ["quota_unavailable"]))
     router.add_api_route(path, endpoints.quota, methods=["GET"], name="account_quota",
-                         summary="Your plan, limits and usage", **extra)
+                         summary="Your plan, limits and usage", responses=answers, **extra)
     router.add_api_route(f"{path}/history", endpoints.history, methods=["GET"],
-                         name="account_quota_history",
-                         summary="Your usage per hour or day", **extra)
+                         name="account_quota_history", summary="Your usage per hour or day",
+                         responses={**answers, **_answers(
+                             (400, "A query parameter can't be understood.", ["bad_request"]),
+                             (404, "Usage history is not recorded here.",
+                              ["quota_history_disabled"]))}, **extra)
     return router
+
+
+def _answers(*answers: tuple[int, str, list[str]]) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` of the quota endpoints' own errors."""
+    return {status: {"description": description, "content": {"application/json": {
+        "schema": error_schema(codes, description)}}} for status, description, codes in answers}

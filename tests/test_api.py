@@ -51,7 +51,7 @@ def test_client_does_not_load_the_server_parts() -> None:
 def test_modules_import_cleanly() -> None:
     """Each public module imports on its own."""
     for module in ("ratelimit_mw.client", "ratelimit_mw.breaker", "ratelimit_mw.idempotency",
-                   "ratelimit_mw.storage", "ratelimit_mw.algorithms"):
+                   "ratelimit_mw.storage", "ratelimit_mw.algorithms", "ratelimit_mw.openapi"):
         importlib.import_module(module)
 
 
