@@ -43,7 +43,7 @@ class SharedCircuitBreaker(CircuitBreaker):
     process goes on in its own state (a trial call, if it had opened too).
     """
 
-    __slots__ = ("_adopted", "_hook", "_key", "_owns_client", "_poller", "_redis",
+    __slots__ = ("_adopted", "_closed", "_hook", "_key", "_owns_client", "_poller", "_redis",
                  "_shared_until", "_sync_interval", "_tasks")
 
     def __init__(self, *, redis: Redis | str, prefix: str = "ratelimit:breaker:",
@@ -67,6 +67,7 @@ class SharedCircuitBreaker(CircuitBreaker):
         self._shared_until = 0.0  # on this breaker's clock: when another's opening ends
         self._adopted = False  # refusing for another process's opening
         self._poller: asyncio.Task[None] | None = None
+        self._closed = False  # after aclose(): no more reading (its own state only)
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -101,11 +102,14 @@ class SharedCircuitBreaker(CircuitBreaker):
         await self._read()
 
     async def aclose(self) -> None:
-        """Stop reading; wait for a write under way; close the client if made here."""
-        if self._poller is not None:
-            self._poller.cancel()
-            await asyncio.gather(self._poller, return_exceptions=True)
-            self._poller = None
+        """Stop reading; wait for a write under way; close the client if made here. The
+        breaker goes on afterwards in this process's own state."""
+        self._closed = True
+        poller, self._poller = self._poller, None
+        if poller is not None:
+            poller.cancel()
+            # A read that swallows its cancellation ends at its next round (_closed).
+            await asyncio.wait([poller], timeout=2 * self._sync_interval + 1.0)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._owns_client:
@@ -124,7 +128,7 @@ class SharedCircuitBreaker(CircuitBreaker):
     def _start_reading(self) -> None:
         """Read the shared state every ``sync_interval`` on the running loop, from now."""
         poller = self._poller
-        if poller is None or poller.done():
+        if not self._closed and (poller is None or poller.done()):
             with contextlib.suppress(RuntimeError):  # no running loop: a synchronous look
                 self._poller = asyncio.get_running_loop().create_task(
                     self._poll(), name=f"shared breaker {self.name!r}")
@@ -145,7 +149,7 @@ class SharedCircuitBreaker(CircuitBreaker):
             self._hook(old, new)
 
     async def _poll(self) -> None:
-        while True:
+        while not self._closed:
             await self._read()
             await asyncio.sleep(self._sync_interval)
 
