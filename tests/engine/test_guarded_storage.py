@@ -50,3 +50,36 @@ async def test_closed_mode_asks_to_wait_for_the_next_trial_from_the_first_refusa
         waits.append(guard.retry_after)
     assert guard.breaker.remaining_cooldown > 0  # opened after the first failures
     assert waits == [5] * 5
+
+
+async def test_the_storage_breaker_logs_each_transition_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Storage down, then back: one line when the storage breaker opens, one when it
+    goes half-open, one when it closes; nothing in between."""
+    import asyncio
+    import logging
+
+    class Flaky(_Down):
+        down = True
+
+        async def decide_within(self, timeout: float | None, key: str, hits: Sequence[Hit],
+                                *, usage: int = 0) -> Verdict:
+            if self.down:
+                raise StorageError("redis is gone")
+            return await MemoryStorage.decide_within(self, timeout, key, hits, usage=usage)
+
+    storage = Flaky()
+    guard = GuardedStorage(storage, mode="closed", timeout=0.05, recovery_interval=0.05)
+    hit = [Hit(Limit("100/minute"))]
+    with caplog.at_level(logging.INFO, logger="ratelimit_mw.breaker"):
+        for _ in range(6):
+            await guard.decide("k", hit)
+        storage.down = False
+        await asyncio.sleep(0.06)
+        for _ in range(3):
+            assert (await guard.decide("k", hit))[1] == "storage"
+    lines = [r.getMessage() for r in caplog.records if r.name == "ratelimit_mw.breaker"]
+    assert [line.split(": ", 1)[1].split(" (")[0] for line in lines] == [
+        "closed -> open", "open -> half_open", "half_open -> closed"], lines
+    assert all(line.startswith("circuit 'ratelimit-storage'") for line in lines)
