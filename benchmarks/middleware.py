@@ -78,6 +78,7 @@ async def _hello(request: Request) -> Response:
 def create_app() -> Starlette:
     """The app named by $BENCH_APP (uvicorn ``--factory`` entry point)."""
     from ratelimit_mw.middleware import RateLimitMiddleware
+    from ratelimit_mw.settings import RateLimitSettings
     from ratelimit_mw.tiers import Tier
 
     kind = os.environ.get("BENCH_APP", "bare")
@@ -89,30 +90,50 @@ def create_app() -> Starlette:
     redis_url = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/0")
     prefix = os.environ.get("BENCH_PREFIX", "bench:")
     if kind == "memory":
-        app.add_middleware(RateLimitMiddleware, tiers=[Tier("t", "1000000000/minute")],
-                           storage_url="memory://")
+        app.add_middleware(
+            RateLimitMiddleware,
+            tiers=[Tier("t", "1000000000/minute")],
+            settings=RateLimitSettings(storage_url="memory://"),
+        )
     elif kind == "quiet":
-        app.add_middleware(RateLimitMiddleware, tiers=[Tier("t", "1000000000/minute")],
-                           storage_url="memory://", header_style="none")
+        app.add_middleware(
+            RateLimitMiddleware,
+            tiers=[Tier("t", "1000000000/minute")],
+            settings=RateLimitSettings(storage_url="memory://", header_style="none"),
+        )
     elif kind == "redis":
-        app.add_middleware(RateLimitMiddleware, tiers=[Tier("t", "1000000000/minute")],
-                           storage_url=redis_url, storage_prefix=prefix)
+        app.add_middleware(
+            RateLimitMiddleware,
+            tiers=[Tier("t", "1000000000/minute")],
+            settings=RateLimitSettings(storage_url=redis_url, storage_prefix=prefix),
+        )
     elif kind in ("memory-tier", "redis-tier"):
         from ratelimit_mw.policy import Limit
 
         tier = Tier("t", [
-            Limit.parse(f"{_HUGE}/minute", "token_bucket", burst=_HUGE, name="burst"),
-            Limit.parse(f"{_HUGE}/hour", "sliding_window", name="hourly"),
-            Limit.parse(f"{_HUGE}/day", "fixed_window", name="daily"),
+            Limit(f"{_HUGE}/minute", "token_bucket", burst=_HUGE, name="burst"),
+            Limit(f"{_HUGE}/hour", "sliding_window", name="hourly"),
+            Limit(f"{_HUGE}/day", "fixed_window", name="daily"),
         ], concurrency=_HUGE)
         url = "memory://" if kind == "memory-tier" else redis_url
         # A generous storage timeout: under full load the default 50 ms can pass while
         # the event loop is busy, and the fail-open path would be measured instead.
-        app.add_middleware(RateLimitMiddleware, tiers=[tier], storage_url=url,
-                           storage_prefix=prefix, quota_history=True, storage_timeout=2.0)
+        app.add_middleware(
+            RateLimitMiddleware,
+            tiers=[tier],
+            settings=RateLimitSettings(
+                storage_url=url,
+                storage_prefix=prefix,
+                quota_history=True,
+                storage_timeout=2.0,
+            ),
+        )
     elif kind == "denial":
-        app.add_middleware(RateLimitMiddleware, tiers=[Tier("t", "1/hour")],
-                           storage_url=redis_url, storage_prefix=prefix)
+        app.add_middleware(
+            RateLimitMiddleware,
+            tiers=[Tier("t", "1/hour")],
+            settings=RateLimitSettings(storage_url=redis_url, storage_prefix=prefix),
+        )
     elif kind in PEERS:
         from peer_apps import build  # benchmarks/ is uvicorn's --app-dir
 

@@ -28,18 +28,20 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ratelimit_mw import (
-    CircuitBreaker,
     IdempotencyMiddleware,
-    IdempotencyStore,
-    MemoryIdempotencyStore,
     RateLimitMiddleware,
     RateLimitSettings,
-    RedisIdempotencyStore,
     TierByAPIKey,
-    breaker_dependency,
     exempt,
     limit,
     quota_router,
+)
+from ratelimit_mw.breaker import CircuitBreaker
+from ratelimit_mw.breaker.guard import breaker_dependency
+from ratelimit_mw.idempotency import (
+    IdempotencyStore,
+    MemoryIdempotencyStore,
+    RedisIdempotencyStore,
 )
 from ratelimit_mw.openapi import document_limits
 
@@ -186,7 +188,7 @@ async def upstream(failure_rate: float = Query(0.0, ge=0, le=1)) -> JSONResponse
     return JSONResponse(result)
 
 
-app.include_router(quota_router(), responses=UNKNOWN_KEY)
+app.include_router(quota_router())  # document_limits describes its two routes
 
 # Outermost last: unknown keys are refused first, then requests are rate limited,
 # then a keyed payment is run at most once (its record is the caller's the rate limiter

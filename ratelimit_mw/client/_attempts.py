@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple
-
-import httpx
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..breaker import CircuitBreaker, Permit
 from ._backoff import full_jitter
@@ -21,6 +19,9 @@ from ._hints import read_quota, retry_after_hint
 from ._log import log_give_up, log_retry, loggable_url, logger
 from ._policy import RETRY_ERRORS, UNSENT_ERRORS, RetryPolicy
 from ._replay import add_idempotency_key, body_resendable, safe_to_replay
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["Attempts", "Retrying"]
 
@@ -87,8 +88,8 @@ class Attempts:
             msg = (f"{self.request.method} {loggable_url(self.request.url)} not sent: the "
                    f"limiter had no token within max_time ({self.policy.max_time:g}s)")
             raise LimiterTimeout(msg, request=self.request)
-        outcome = (f"status {last.status_code}" if isinstance(last, httpx.Response)
-                   else f"{type(last).__name__}: {last}")
+        outcome = (f"{type(last).__name__}: {last}" if isinstance(last, BaseException)
+                   else f"status {last.status_code}")
         self._give_up("max_time", outcome, None)
         if isinstance(last, BaseException):
             raise last

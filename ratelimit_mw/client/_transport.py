@@ -1,4 +1,4 @@
-"""The retrying transport: wraps any httpx transport, sync or async."""
+"""The retrying transport: wraps any httpx2 or httpx transport, sync or async."""
 
 from __future__ import annotations
 
@@ -6,25 +6,32 @@ import asyncio
 import random as _random
 import time
 from collections.abc import Awaitable, Callable
-
-import httpx
+from typing import TYPE_CHECKING
 
 from ..breaker import CircuitBreaker
 from ._attempts import Attempts, Retrying
 from ._bucket import TokenBucket
 from ._budget import RetryBudget
 from ._circuit import acquire_permit, refuse_if_open
+from ._http import HTTP_ERRORS, AsyncBaseTransport, BaseTransport, classes, library_of
 from ._policy import RetryPolicy
 from ._testing import is_testing
 
+if TYPE_CHECKING:
+    import httpx
+
 __all__ = ["RetryTransport"]
 
+_SYNC_TRANSPORTS = classes("BaseTransport")
+_ASYNC_TRANSPORTS = classes("AsyncBaseTransport")
 
-class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
-    """An httpx transport that retries rate-limited and failed attempts, then returns.
 
-    It wraps ``transport`` (by default ``httpx.HTTPTransport()`` for a
-    ``Client`` and ``httpx.AsyncHTTPTransport()`` for an ``AsyncClient``),
+class RetryTransport(BaseTransport, AsyncBaseTransport):
+    """An httpx2 or httpx transport that retries rate-limited and failed attempts, then
+    returns.
+
+    It wraps ``transport`` (by default ``HTTPTransport()`` for a ``Client`` and
+    ``AsyncHTTPTransport()`` for an ``AsyncClient``, of the client's own library),
     retries 408, 429, 500, 502, 503, 504 and connection or timeout errors,
     waits what the server asks (``Retry-After``, then quota reset headers) or
     else a jittered exponential backoff, and stops at ``max_retries`` or as
@@ -39,7 +46,7 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
     shared across calls; ``clock``, ``wall_clock``, the sleeps and ``random``
     are injectable for tests.
 
-    >>> import asyncio
+    >>> import asyncio, httpx  # or httpx2, the same
     >>> replies = iter([httpx.Response(429, headers={"Retry-After": "0"}), httpx.Response(200)])
     >>> api = httpx.MockTransport(lambda request: next(replies))  # leave out to use the network
     >>> async def main() -> int:
@@ -87,9 +94,9 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
         self.breaker = breaker
         self._given_transport = transport
         self._sync_inner: httpx.BaseTransport | None = (
-            transport if isinstance(transport, httpx.BaseTransport) else None)
+            transport if isinstance(transport, _SYNC_TRANSPORTS) else None)
         self._async_inner: httpx.AsyncBaseTransport | None = (
-            transport if isinstance(transport, httpx.AsyncBaseTransport) else None)
+            transport if isinstance(transport, _ASYNC_TRANSPORTS) else None)
         self._clock = clock
         self._wall_clock = wall_clock
         self._sleep = sleep
@@ -105,7 +112,7 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` through the wrapped sync transport, retrying as the policy says."""
-        inner = self._sync_transport()
+        inner = self._sync_transport(request)
         attempts = Attempts(self._retrying(), request)
         if attempts.policy.buffer_body:
             request.read()
@@ -130,7 +137,7 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
                 if attempts.keeps_last_outcome:
                     try:
                         response.read()
-                    except httpx.HTTPError as exc:
+                    except HTTP_ERRORS as exc:
                         attempts.last_outcome = exc
                     else:
                         attempts.last_outcome = response
@@ -143,7 +150,7 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` through the wrapped async transport, retrying as the policy says."""
-        inner = self._async_transport()
+        inner = self._async_transport(request)
         attempts = Attempts(self._retrying(), request)
         if attempts.policy.buffer_body:
             await request.aread()
@@ -168,7 +175,7 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
                 if attempts.keeps_last_outcome:
                     try:
                         await response.aread()
-                    except httpx.HTTPError as exc:
+                    except HTTP_ERRORS as exc:
                         attempts.last_outcome = exc
                     else:
                         attempts.last_outcome = response
@@ -189,18 +196,20 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
         if self._async_inner is not None:
             await self._async_inner.aclose()
 
-    def _sync_transport(self) -> httpx.BaseTransport:
-        """Return the wrapped sync transport, creating the default one on first use."""
+    def _sync_transport(self, request: httpx.Request) -> httpx.BaseTransport:
+        """Return the wrapped sync transport, creating the default one of ``request``'s
+        library on first use."""
         if self._sync_inner is None:
-            self._refuse_wrong_kind("a sync", "httpx.Client")
-            self._sync_inner = httpx.HTTPTransport()
+            self._refuse_wrong_kind("a sync", "Client")
+            self._sync_inner = library_of(request).HTTPTransport()
         return self._sync_inner
 
-    def _async_transport(self) -> httpx.AsyncBaseTransport:
-        """Return the wrapped async transport, creating the default one on first use."""
+    def _async_transport(self, request: httpx.Request) -> httpx.AsyncBaseTransport:
+        """Return the wrapped async transport, creating the default one of ``request``'s
+        library on first use."""
         if self._async_inner is None:
-            self._refuse_wrong_kind("an async", "httpx.AsyncClient")
-            self._async_inner = httpx.AsyncHTTPTransport()
+            self._refuse_wrong_kind("an async", "AsyncClient")
+            self._async_inner = library_of(request).AsyncHTTPTransport()
         return self._async_inner
 
     def _refuse_wrong_kind(self, kind: str, client: str) -> None:

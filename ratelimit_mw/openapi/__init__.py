@@ -2,10 +2,11 @@
 Idempotency-Key protocol) and their headers, in the app's own document.
 
 >>> from fastapi import FastAPI
->>> from ratelimit_mw import RateLimitMiddleware
+>>> from ratelimit_mw import RateLimitMiddleware, RateLimitSettings
 >>> from ratelimit_mw.openapi import document_limits
 >>> app = FastAPI()
->>> app.add_middleware(RateLimitMiddleware, default_limits="100/minute")
+>>> app.add_middleware(RateLimitMiddleware,
+...                    settings=RateLimitSettings(default_limits="100/minute"))
 >>> document_limits(app)
 """
 

@@ -150,6 +150,7 @@ def test_every_run_command_leaves_forwarding_headers_to_the_rate_limiter() -> No
     assert "--no-proxy-headers" in json.loads(dockerfile.removeprefix("CMD "))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("trusted", "expected"), [
     ("", [200] * 5 + [429]),  # spoofed from loopback: still the one anonymous client
     ("127.0.0.1", [200] * 6),  # loopback as the trusted proxy: six clients

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ratelimit_mw import Hit, Limit, MemoryStorage, RedisStorage, Storage
+from ratelimit_mw import Hit, Limit, MemoryStorage, RateLimitSettings, RedisStorage, Storage
 from ratelimit_mw.middleware import RateLimitMiddleware
 from ratelimit_mw.storage import pipe
 from ratelimit_mw.tiers import Tier
@@ -120,7 +120,7 @@ async def test_full_slot_consumes_no_rate_and_is_never_cached_as_blocked(
     """Denied by the slot: the rate limit is untouched, and the denial is not kept in the
     blocked-keys cache (the next request after a slot frees passes at the same instant)."""
     gate = Gate()
-    tier = Tier("t", [Limit.parse("3/minute", "fixed_window", name="rate")], concurrency=1)
+    tier = Tier("t", [Limit("3/minute", "fixed_window", name="rate")], concurrency=1)
     app = make_app(gate.routes(), tiers=[tier], storage=memory, clock=clock)
     async with client_for(app) as client:
         held = asyncio.ensure_future(client.get("/wait"))
@@ -136,7 +136,7 @@ async def test_full_slot_consumes_no_rate_and_is_never_cached_as_blocked(
 
 async def test_rate_denial_takes_no_slot(clock: FakeClock, memory: MemoryStorage) -> None:
     """Over the rate limit: 429 from the rate, and no slot is held afterwards."""
-    tier = Tier("t", [Limit.parse("1/minute", "fixed_window")], concurrency=5)
+    tier = Tier("t", [Limit("1/minute", "fixed_window")], concurrency=5)
     app = make_app(Gate().routes(), tiers=[tier], storage=memory, clock=clock)
     async with client_for(app) as client:
         assert (await client.get("/")).status_code == 200
@@ -152,7 +152,7 @@ async def test_shadow_only_denial_still_takes_and_returns_a_slot(
     """A request let through by a shadow limit is decided again on the enforced limits,
     slot included, and gives that slot back."""
     gate = Gate()
-    tier = Tier("t", [Limit.parse("1/minute", "fixed_window", name="trial")],
+    tier = Tier("t", [Limit("1/minute", "fixed_window", name="trial")],
                 concurrency=1, shadow=frozenset({"trial"}))
     app = make_app(gate.routes(), tiers=[tier], storage=memory, clock=clock)
     async with client_for(app) as client:
@@ -188,7 +188,11 @@ def test_a_bad_lease_fails_at_start() -> None:
     from pydantic import ValidationError
 
     with pytest.raises(ValidationError, match="concurrency_lease must be a positive"):
-        RateLimitMiddleware(make_app(), tiers=[Tier("t", "1/minute")], concurrency_lease=0)
+        RateLimitMiddleware(
+            make_app(),
+            tiers=[Tier("t", "1/minute")],
+            settings=RateLimitSettings(concurrency_lease=0),
+        )
 
 
 # -- storage down: the failure mode decides ---------------------------------------------
@@ -241,7 +245,7 @@ async def test_redis_slots_are_taken_atomically_and_given_back(
     slot is back (ZREM) after the requests end; usage is counted in the same call."""
     gate = Gate()
     storage = RedisStorage.from_url(redis_url, prefix=redis_prefix)
-    tier = Tier("t", [Limit.parse("3/minute", "fixed_window", name="rate")], concurrency=1)
+    tier = Tier("t", [Limit("3/minute", "fixed_window", name="rate")], concurrency=1)
     app = make_app(gate.routes(), tiers=[tier], storage=storage, quota_history=True)
     try:
         async with client_for(app) as client:
@@ -480,6 +484,7 @@ async def test_redis_many_requests_ending_together_all_give_back(
         await storage.close()
 
 
+@pytest.mark.slow
 async def test_redis_give_back_does_not_wait_for_redis_yet_comes_first(
     redis_url: str, redis_prefix: str,
 ) -> None:
@@ -602,8 +607,12 @@ async def test_redis_slot_comes_back_however_the_app_call_ends(
 
     # A generous timeout: a garbage collection of the test process (50 ms and more
     # here) must not time the first decision out (it would take no slot).
-    middleware = RateLimitMiddleware(app, tiers=[Tier("t", "1000/minute", concurrency=1)],
-                                     storage=storage, storage_timeout=1.0)
+    middleware = RateLimitMiddleware(
+        app,
+        tiers=[Tier("t", "1000/minute", concurrency=1)],
+        storage=storage,
+        settings=RateLimitSettings(storage_timeout=1.0),
+    )
     scope = {"type": "http", "method": "GET", "path": "/", "headers": [],
              "query_string": b"", "client": CLIENT}
     released: list[str] = []
@@ -691,8 +700,12 @@ async def test_the_apps_own_error_survives_a_failed_give_back(
     async def send(message: Any) -> None:
         pass
 
-    middleware = RateLimitMiddleware(app, tiers=[Tier("t", "5/minute", concurrency=2)],
-                                     storage=_ReleaseFails(), limit_websockets=True)
+    middleware = RateLimitMiddleware(
+        app,
+        tiers=[Tier("t", "5/minute", concurrency=2)],
+        storage=_ReleaseFails(),
+        settings=RateLimitSettings(limit_websockets=True),
+    )
     scope = {"type": kind, "method": "GET", "path": "/", "headers": [], "query_string": b"",
              "client": CLIENT}
     with pytest.raises(RuntimeError, match="the app's own error"):
@@ -713,6 +726,7 @@ async def real_time_storage(request: pytest.FixtureRequest) -> AsyncIterator[Sto
     await storage.close()
 
 
+@pytest.mark.slow
 async def test_a_request_longer_than_its_lease_keeps_its_slot(
     real_time_storage: Storage,
 ) -> None:
@@ -791,6 +805,7 @@ async def test_a_failing_renewal_is_logged_and_renewing_stops_when_nothing_is_he
         assert (await held).status_code == 200
 
 
+@pytest.mark.slow
 @pytest.mark.redis
 async def test_many_identities_keep_their_slots_past_the_lease(
     redis_url: str, redis_prefix: str,
@@ -820,6 +835,7 @@ async def test_many_identities_keep_their_slots_past_the_lease(
         await storage.close()
 
 
+@pytest.mark.slow
 async def test_a_hanging_storage_does_not_hold_up_the_fallback_s_renewals() -> None:
     """failure_mode=memory: request A holds a slot of the storage, whose renewals then
     hang; B, admitted on the memory fallback, keeps its slot past its lease all the
@@ -854,6 +870,7 @@ async def test_a_hanging_storage_does_not_hold_up_the_fallback_s_renewals() -> N
         assert [(await first).status_code, (await second).status_code] == [200, 200]
 
 
+@pytest.mark.slow
 def test_slots_held_on_two_event_loops_at_once_are_each_renewed() -> None:
     """One middleware driven from two event loops at the same time (a test client used
     without ``with`` runs each request on a loop of its own): a request on loop B does

@@ -22,14 +22,15 @@ pytestmark = pytest.mark.redis
 @pytest.fixture
 def server_url(redis_url: str, redis_prefix: str) -> Iterator[str]:
     """A uvicorn server (in a thread) running the middleware on Redis; its base URL."""
-    tier = Tier("t", [Limit.parse("1/second", "fixed_window", name="second"),
-                      Limit.parse("100/hour", name="hour")])
+    tier = Tier("t", [Limit("1/second", "fixed_window", name="second"),
+                      Limit("100/hour", name="hour")])
     app = make_app(tiers=[tier], storage_url=redis_url, storage_prefix=redis_prefix,
                    header_style="legacy+draft-11", failure_mode="closed")
     with serve(app) as url:
         yield url
 
 
+@pytest.mark.slow
 async def test_real_server_limits_and_waiting_retry_after_passes(server_url: str) -> None:
     """Over real HTTP: 200, then a 429 with Retry-After; waiting exactly that passes."""
     async with httpx.AsyncClient(base_url=server_url) as client:

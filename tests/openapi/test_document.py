@@ -13,20 +13,20 @@ from fastapi.responses import PlainTextResponse
 from openapi_spec_validator import validate
 
 from ratelimit_mw import (
-    CircuitBreaker,
     IdempotencyMiddleware,
     Limit,
     RateLimitMiddleware,
+    RateLimitSettings,
     RedisStorage,
     RouteRule,
     Tier,
     TierFromHeader,
-    breaker_dependency,
     cost,
     exempt,
     limit,
 )
-from ratelimit_mw.breaker.guard import BreakerGuard
+from ratelimit_mw.breaker import CircuitBreaker
+from ratelimit_mw.breaker.guard import BreakerGuard, breaker_dependency
 from ratelimit_mw.openapi import document_limits
 from tests.conftest import free_port
 
@@ -44,6 +44,10 @@ RATE_HEADERS = {
     "draft-11": {"RateLimit", "RateLimit-Policy"},
     "none": set(),
 }
+
+
+MIDDLEWARE_ARGUMENTS = {"storage", "tiers", "key", "tier_resolver", "rules", "on_denied",
+                        "on_decision", "clock", "breaker"}
 
 
 def make_app(**options: Any) -> FastAPI:
@@ -72,9 +76,11 @@ def make_app(**options: Any) -> FastAPI:
     async def private() -> dict[str, str]:
         return {"private": "yes"}
 
-    settings: dict[str, Any] = {"tiers": TIERS, "header_style": "legacy+draft-11",
-                                "exempt_paths": ["/private"]}
-    app.add_middleware(RateLimitMiddleware, **{**settings, **options})
+    settings: dict[str, Any] = {"header_style": "legacy+draft-11", "exempt_paths": ["/private"]}
+    arguments: dict[str, Any] = {"tiers": TIERS}
+    for name, value in options.items():
+        (arguments if name in MIDDLEWARE_ARGUMENTS else settings)[name] = value
+    app.add_middleware(RateLimitMiddleware, settings=RateLimitSettings(**settings), **arguments)
     document_limits(app)
     return app
 

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 import pytest
 
 from ratelimit_mw import Hit, Limit, RedisStorage
-from tests.redis_servers import RedisProcess
-from tests.reliability.servers import RawHTTP, Reply, assert_keys_expire, own_redis, uvicorn_server
+from tests.redis_servers import RedisProcess, own_redis
+from tests.reliability.servers import RawHTTP, Reply, assert_keys_expire, uvicorn_server
 
 pytestmark = [pytest.mark.reliability, pytest.mark.redis, pytest.mark.slow]
 
@@ -43,7 +43,7 @@ async def _exhaust_in_redis(url: str, prefix: str, ip: str) -> None:
     storage = RedisStorage.from_url(url, prefix=prefix)
     try:
         # The tier's limits are hits of scope "" (see ratelimit_mw.plans.make_plan).
-        verdict = await storage.decide(f"ip:{ip}", [Hit(Limit.parse(TIER), cost=1_000_000)])
+        verdict = await storage.decide(f"ip:{ip}", [Hit(Limit(TIER), cost=1_000_000)])
         assert verdict.allowed
     finally:
         await storage.close()
