@@ -49,8 +49,8 @@ from benchmarks.soak import (  # noqa: E402
     _rss_mb,
     _server,
 )
-from tests.redis_servers import RedisProcess  # noqa: E402
-from tests.reliability.servers import RawHTTP, Reply, own_redis  # noqa: E402
+from tests.redis_servers import RedisProcess, own_redis  # noqa: E402
+from tests.reliability.servers import RawHTTP, Reply  # noqa: E402
 
 # (rate per second, burst) of each demo key's token bucket, from example_app/tiers.toml.
 BUCKETS = {"demo-free": (10 / 60, 20), "demo-starter": (100 / 60, 200),

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from ratelimit_mw import ConfigError, Hit, Limit, MemoryStorage, Verdict
+from ratelimit_mw import ConfigError, Hit, Limit, MemoryStorage
+from ratelimit_mw.decision import Verdict
 from ratelimit_mw.errors import StorageError
 from ratelimit_mw.failure import GuardedStorage
 

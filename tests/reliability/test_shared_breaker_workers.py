@@ -8,9 +8,9 @@ import uuid
 import httpx
 import pytest
 
-from tests.redis_servers import RedisProcess
+from tests.redis_servers import RedisProcess, own_redis
 
-from .servers import own_redis, uvicorn_server
+from .servers import uvicorn_server
 
 pytestmark = [pytest.mark.redis, pytest.mark.reliability, pytest.mark.slow]
 
