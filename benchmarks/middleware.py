@@ -19,6 +19,8 @@ Apps (this module is also the uvicorn app module, see ``create_app``):
     headers  bare, plus four constant X-RateLimit-* headers added by a minimal pure
              ASGI wrapper: the ceiling for any limiter that sends the legacy headers
     memory   + the middleware on memory storage, every request admitted
+    memory-metrics
+             memory, counted by Prometheus metrics (``ratelimit_mw.metrics``)
     redis    + the middleware on Redis, every request admitted
     denial   + the middleware on Redis, the one client over its limit (answered
              from the local cache of blocked keys, no Redis call)
@@ -58,7 +60,8 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-APPS = ("bare", "headers", "quiet", "memory", "redis", "denial", "memory-tier", "redis-tier")
+APPS = ("bare", "headers", "quiet", "memory", "memory-metrics", "redis", "denial", "memory-tier",
+        "redis-tier")
 PEERS = (  # the other libraries doing the same job, from benchmarks/peer_apps.py
     "limits-memory", "limits-redis", "slowapi-memory", "slowapi-redis",
     "asgi-ratelimit-memory", "asgi-ratelimit-redis", "fastapi-limiter-memory",
@@ -94,6 +97,15 @@ def create_app() -> Starlette:
             RateLimitMiddleware,
             tiers=[Tier("t", "1000000000/minute")],
             settings=RateLimitSettings(storage_url="memory://"),
+        )
+    elif kind == "memory-metrics":
+        from ratelimit_mw.metrics import PrometheusMetrics
+
+        app.add_middleware(
+            RateLimitMiddleware,
+            tiers=[Tier("t", "1000000000/minute")],
+            settings=RateLimitSettings(storage_url="memory://"),
+            metrics=PrometheusMetrics(),
         )
     elif kind == "quiet":
         app.add_middleware(

@@ -14,6 +14,7 @@ from ._bucket import TokenBucket
 from ._budget import RetryBudget
 from ._circuit import acquire_permit, refuse_if_open
 from ._http import HTTP_ERRORS, AsyncBaseTransport, BaseTransport, classes, library_of
+from ._metrics import ClientMetrics
 from ._policy import RetryPolicy
 from ._testing import is_testing
 
@@ -68,6 +69,9 @@ class RetryTransport(BaseTransport, AsyncBaseTransport):
     5xx responses and ``RETRY_ERRORS`` count as failures, other responses as
     successes, other exceptions as the breaker's ``failure_exceptions`` say.
     A retry that the breaker would still refuse after the wait is not waited for.
+
+    ``metrics`` (``ratelimit_mw.metrics``) counts attempts, retries by cause, time slept
+    and give-ups by reason, labelled by host, and watches the ``breaker``.
     """
 
     def __init__(
@@ -83,6 +87,7 @@ class RetryTransport(BaseTransport, AsyncBaseTransport):
         sleep: Callable[[float], None] = time.sleep,
         async_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         random: Callable[[], float] = _random.random,
+        metrics: ClientMetrics | None = None,
     ) -> None:
         self.policy = policy if policy is not None else RetryPolicy()
         self.retry_budget = retry_budget
@@ -102,13 +107,16 @@ class RetryTransport(BaseTransport, AsyncBaseTransport):
         self._sleep = sleep
         self._async_sleep = async_sleep
         self._random = random
+        self.metrics = metrics
+        if metrics is not None and breaker is not None:
+            metrics.watch(breaker)
 
     def __repr__(self) -> str:
         return f"RetryTransport({self._given_transport!r}, policy={self.policy!r})"
 
     def _retrying(self) -> Retrying:
         return Retrying(self.policy, self.retry_budget, self.limiter, self.breaker,
-                        self._clock, self._wall_clock, self._random)
+                        self._clock, self._wall_clock, self._random, self.metrics)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` through the wrapped sync transport, retrying as the policy says."""
@@ -123,6 +131,7 @@ class RetryTransport(BaseTransport, AsyncBaseTransport):
                     timeout=attempts.time_left()):
                 return attempts.no_token_in_time()
             permit = acquire_permit(self.breaker, request)
+            attempts.sending()
             try:
                 response = inner.handle_request(request)
             except BaseException as exc:
@@ -161,6 +170,7 @@ class RetryTransport(BaseTransport, AsyncBaseTransport):
                     timeout=attempts.time_left()):
                 return attempts.no_token_in_time()
             permit = acquire_permit(self.breaker, request)
+            attempts.sending()
             try:
                 response = await inner.handle_async_request(request)
             except BaseException as exc:
