@@ -48,6 +48,7 @@ from ratelimit_mw import (
 )
 from ratelimit_mw.breaker import CircuitBreaker
 from ratelimit_mw.breaker.guard import breaker_dependency
+from ratelimit_mw.errors import StorageError
 from ratelimit_mw.idempotency import (
     IdempotencyStore,
     MemoryIdempotencyStore,
@@ -140,8 +141,13 @@ ENTERPRISE_DEAL = Override(
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    # Each worker writes the same deal: the last write wins, and they are equal.
-    await overrides.set(ENTERPRISE_DEAL, by="example app start-up")
+    # Each worker writes the same deal: the last write wins, and they are equal. A
+    # storage down at start-up must not stop the app (an earlier write may be there).
+    try:
+        await overrides.set(ENTERPRISE_DEAL, by="example app start-up")
+    except StorageError as exc:
+        logging.getLogger("ratelimit_mw").warning(
+            "example app: couldn't store demo-enterprise's override: %s", exc)
     yield
     await idempotency_store.close()
     if metrics is not None:
