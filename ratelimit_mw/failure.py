@@ -117,8 +117,8 @@ class GuardedStorage:
     ``MemoryStorage`` instead, so limits still hold per process.
     """
 
-    __slots__ = ("_episode", "breaker", "fallback", "metrics", "mode", "stats", "storage",
-                 "timeout")
+    __slots__ = ("_episode", "breaker", "fallback", "metrics", "mode", "recovery_interval",
+                 "stats", "storage", "timeout")
 
     def __init__(
         self,
@@ -135,6 +135,7 @@ class GuardedStorage:
         self.mode = check_mode(mode)
         self.timeout = positive_seconds("storage timeout", timeout)
         cooldown = positive_seconds("recovery interval", recovery_interval)
+        self.recovery_interval = cooldown
         self.storage = storage
         self.breaker: Gate = breaker if breaker is not None else CircuitBreaker(
             name="ratelimit-storage", window_size=10, minimum_calls=3,
@@ -151,8 +152,12 @@ class GuardedStorage:
 
     @property
     def retry_after(self) -> int:
-        """Whole seconds a refused client should wait (at least 1)."""
-        return max(1, math.ceil(self.breaker.remaining_cooldown))
+        """Whole seconds a refused client should wait (at least 1): until the breaker's
+        next trial call. While the breaker is open, the rest of its cooldown; before it
+        opens (the first failures) or while a trial runs, a whole ``recovery_interval``,
+        when a breaker opening now would try the storage again."""
+        left = self.breaker.remaining_cooldown
+        return max(1, math.ceil(left if left > 0 else self.recovery_interval))
 
     async def decide(
         self, key: str, hits: Sequence[Hit], *, usage: int = 0,

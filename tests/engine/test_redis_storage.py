@@ -236,6 +236,72 @@ async def test_a_storage_without_the_pipeline_keeps_to_its_timeout() -> None:
         server.stop()
 
 
+async def test_a_slot_taken_by_a_decision_redis_ran_after_the_cut_off_is_given_back() -> None:
+    """Redis frozen past a decision's grace period: the connection is cut off, the
+    caller long answered by the failure policy; resumed, Redis runs the script it had
+    read and takes a slot for nobody. Once Redis answers again, that slot goes back
+    (it stayed taken for its whole lease, and a cap of one refused the client)."""
+    import os
+    import signal
+
+    server = RedisServer()
+    server.start()
+    storage = RedisStorage.from_url(server.url, timeout=0.1)
+    limit = Limit.concurrency(1, lease=30)
+    try:
+        first = await storage.decide("k", [Hit(limit)])  # connected, script loaded
+        await storage.release(first.leases)
+        assert server.proc is not None
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(StorageError):
+                await storage.decide("k", [Hit(limit)])
+            await asyncio.sleep(1.5)  # past the grace period: the connection is cut off
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        verdicts = []
+        for _ in range(20):  # the give-back follows Redis's first answer
+            verdicts.append(await storage.decide("k", [Hit(limit)]))
+            if verdicts[-1].allowed:
+                break
+            await asyncio.sleep(0.05)
+        assert verdicts[-1].allowed, [v.decisions[0].remaining for v in verdicts]
+        assert len(verdicts) <= 2
+    finally:
+        await storage.close()
+        server.stop()
+
+
+async def test_a_decision_redis_ran_after_its_timeout_charges_its_own_cost_once() -> None:
+    """The bound docs/failure.md states: a decision that timed out on the app side but
+    that Redis ran later charges its own caller once, its own cost, and nothing more."""
+    import os
+    import signal
+
+    server = RedisServer()
+    server.start()
+    storage = RedisStorage.from_url(server.url, timeout=0.1)
+    limit = Limit("10/minute")
+    try:
+        first = await storage.decide("k", [Hit(limit)])
+        assert first.decisions[0].remaining == 9
+        assert server.proc is not None
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            for _ in range(3):  # each sent, then given up on after 0.1 s
+                with pytest.raises(StorageError):
+                    await storage.decide("k", [Hit(limit, 2)])
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        other = await storage.decide("someone-else", [Hit(limit)])
+        after = await storage.peek("k", [Hit(limit)])
+        assert other.decisions[0].remaining == 9  # nobody else was charged
+        assert after.decisions[0].remaining == 9 - 3 * 2  # each undecided one charged once
+    finally:
+        await storage.close()
+        server.stop()
+
+
 def test_a_cluster_storage_takes_its_timeout() -> None:
     storage = cluster_storage_from_url("redis+cluster://127.0.0.1:7999", timeout=0.5)
     assert (storage.timeout, storage.pipeline) == (0.5, False)

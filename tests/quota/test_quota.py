@@ -402,7 +402,7 @@ async def test_failing_quota_reads_leave_the_decisions_storage_on(
     assert [reply.status_code for reply in replies] == [503] * 30
     assert replies[0].json() == {
         "error": "quota_unavailable",
-        "message": "The history can't be read right now; try again in 1s."}
+        "message": "The history can't be read right now; try again in 2s."}  # recovery_interval
     assert "10.0.3.7" in caplog.text and "event=quota_unavailable" in caplog.text
     assert greeted.headers["x-ratelimit-remaining"] == str(100 - 31)  # decided, not skipped
 
