@@ -88,31 +88,30 @@ def create_app() -> Starlette:
         return _with_constant_headers(app)  # type: ignore[return-value]
     redis_url = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/0")
     prefix = os.environ.get("BENCH_PREFIX", "bench:")
-    if kind == "memory":
+    # A generous storage timeout (under full load, or valgrind, the default 50 ms can
+    # pass while the event loop is busy, and the fail-open path would be measured
+    # instead); BENCH_FAILURE_MODE=closed makes any failed decision a 503 to be seen.
+    common = {"storage_prefix": prefix,
+              "storage_timeout": float(os.environ.get("BENCH_STORAGE_TIMEOUT", "2.0")),
+              "failure_mode": os.environ.get("BENCH_FAILURE_MODE", "open")}
+    if kind in ("memory", "quiet", "redis"):
         app.add_middleware(RateLimitMiddleware, tiers=[Tier("t", "1000000000/minute")],
-                           storage_url="memory://")
-    elif kind == "quiet":
-        app.add_middleware(RateLimitMiddleware, tiers=[Tier("t", "1000000000/minute")],
-                           storage_url="memory://", header_style="none")
-    elif kind == "redis":
-        app.add_middleware(RateLimitMiddleware, tiers=[Tier("t", "1000000000/minute")],
-                           storage_url=redis_url, storage_prefix=prefix)
+                           storage_url="memory://" if kind != "redis" else redis_url,
+                           header_style="none" if kind == "quiet" else "legacy", **common)
     elif kind in ("memory-tier", "redis-tier"):
         from ratelimit_mw.policy import Limit
 
         tier = Tier("t", [
-            Limit.parse(f"{_HUGE}/minute", "token_bucket", burst=_HUGE, name="burst"),
-            Limit.parse(f"{_HUGE}/hour", "sliding_window", name="hourly"),
-            Limit.parse(f"{_HUGE}/day", "fixed_window", name="daily"),
+            Limit(f"{_HUGE}/minute", "token_bucket", burst=_HUGE, name="burst"),
+            Limit(f"{_HUGE}/hour", "sliding_window", name="hourly"),
+            Limit(f"{_HUGE}/day", "fixed_window", name="daily"),
         ], concurrency=_HUGE)
         url = "memory://" if kind == "memory-tier" else redis_url
-        # A generous storage timeout: under full load the default 50 ms can pass while
-        # the event loop is busy, and the fail-open path would be measured instead.
         app.add_middleware(RateLimitMiddleware, tiers=[tier], storage_url=url,
-                           storage_prefix=prefix, quota_history=True, storage_timeout=2.0)
+                           quota_history=True, **common)
     elif kind == "denial":
         app.add_middleware(RateLimitMiddleware, tiers=[Tier("t", "1/hour")],
-                           storage_url=redis_url, storage_prefix=prefix)
+                           storage_url=redis_url, **common)
     elif kind in PEERS:
         from peer_apps import build  # benchmarks/ is uvicorn's --app-dir
 
