@@ -29,24 +29,43 @@ __all__ = ["MemoryStorage"]
 
 _SWEEP = 4  # expired identities reclaimed per insert, from the least recently used end
 _new = tuple.__new__
-_NO_CELLS: dict[tuple[str, str], tuple[Any, int]] = {}
 _HOUR_US, _DAY_US = 3_600_000_000, 86_400_000_000
-
-
 _TIME = time.time  # the wall clock as imported (a clock patched in later is honoured)
 
+Cells = tuple[Any, ...]
+"""An identity's counters, flat: ``(slot, state, expires, slot, state, expires, …)``."""
+Entry = tuple[int, Cells, "dict[int, int] | None", "dict[int, int] | None"]
+"""One identity: when the last of its state expires (µs), its cells, and its admitted
+requests per hour and per day since the epoch (usage history; None when not counted).
 
-class _Entry:
-    """All the counters of one identity, and when the last of them expires."""
+Plain tuples of numbers and strings (and dicts of ints): the garbage collector stops
+tracking them after the first collection they survive, so a million identities add no
+objects to a full collection, only the one dict that holds them (which ``gc.freeze()``
+after start-up takes out of the collector's view too: see docs/deployment.md)."""
 
-    __slots__ = ("cells", "days", "expires", "hours")
 
-    def __init__(self) -> None:
-        self.cells: dict[tuple[str, str], tuple[Any, int]] = {}
-        self.expires = 0
-        # Usage history: admitted requests per hour and per day (since the epoch).
-        self.hours: dict[int, int] | None = None
-        self.days: dict[int, int] | None = None
+def _find(cells: Cells, slot: tuple[str, str]) -> int:
+    """The index of ``slot`` in ``cells``, or -1."""
+    for i in range(0, len(cells), 3):
+        if cells[i] == slot:
+            return i
+    return -1
+
+
+def _live(cells: Cells, slot: tuple[str, str], now: int) -> Any:
+    """The state of ``slot`` at ``now``, or None (none kept, or expired)."""
+    i = _find(cells, slot)
+    return cells[i + 1] if i >= 0 and cells[i + 2] > now else None
+
+
+def _with_cell(cells: Cells, slot: tuple[str, str], state: Any, expires: int) -> Cells:
+    """``cells`` with ``slot`` holding ``state`` until ``expires``."""
+    i = _find(cells, slot)
+    if i < 0:
+        return (*cells, slot, state, expires)
+    if len(cells) == 3:
+        return (slot, state, expires)
+    return (*cells[:i], slot, state, expires, *cells[i + 3:])
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -77,7 +96,7 @@ class MemoryStorage(Storage):
         self.max_keys = max_keys
         self.retention = UsageRetention(*usage_retention).check()
         self._clock = None if clock is _TIME else clock
-        self._keys: OrderedDict[str, _Entry] = OrderedDict()
+        self._keys: OrderedDict[str, Entry] = OrderedDict()
         self._leases = itertools.count(1)
 
     def _now(self) -> int:
@@ -105,88 +124,92 @@ class MemoryStorage(Storage):
         entry = keys.get(key)
         if entry is not None:
             keys.move_to_end(key)
-            cells = entry.cells
+            cells = entry[1]
         else:
-            cells = _NO_CELLS
+            cells = ()
         if len(hits) == 1:
             return self._decide_one(key, entry, cells, hits[0], now, usage)
         hits = merge_hits(hits)
         steps = []
         allowed = True
         for hit in hits:
-            limit = hit.limit
-            cell = cells.get(hit.slot)
-            step = run(limit, cell[0] if cell is not None and cell[1] > now else None, now,
-                       hit.cost)
+            step = run(hit.limit, _live(cells, hit.slot, now), now, hit.cost)
             steps.append(step)
             if not step[0]:
                 allowed = False
         leases: tuple[Lease, ...] = ()
         if allowed:
+            expires = 0
             for hit, step in zip(hits, steps):  # noqa: B905 - one step per hit
                 if hit.cost:
-                    entry, lease = self._take(key, entry, hit, step[4], step[2], now)
+                    state, lease = self._leased(key, hit, step[4], now)
+                    cells = _with_cell(cells, hit.slot, state, now + step[2])
+                    expires = max(expires, now + step[2])
                     if lease is not None:
                         leases = (*leases, lease)
-            if usage:
-                if entry is None:
-                    entry = self._insert(key, now)
-                self._count(entry, now, usage)
+            if expires or usage:
+                self._store(key, entry, cells, expires, usage, now)
         elif len(hits) > 1:
             # Report what the admitted limits look like without this request's cost.
             for i, hit in enumerate(hits):
                 if steps[i][0] and hit.cost:
-                    limit = hit.limit
-                    cell = cells.get(hit.slot)
-                    steps[i] = run(
-                        limit, cell[0] if cell is not None and cell[1] > now else None, now, 0)
+                    steps[i] = run(hit.limit, _live(cells, hit.slot, now), now, 0)
         # tuple.__new__ skips the named tuple's Python-level __new__: this runs per request.
         return _new(Verdict, (allowed, tuple([
             decision_from(hit, step[0], step[1], step[2], step[3])
             for hit, step in zip(hits, steps)]), leases, now / 1_000_000))  # noqa: B905
 
-    def _decide_one(self, key: str, entry: _Entry | None, cells: dict[tuple[str, str], Any],
-                    hit: Hit, now: int, usage: int) -> Verdict:
+    def _decide_one(self, key: str, entry: Entry | None, cells: Cells, hit: Hit, now: int,
+                    usage: int) -> Verdict:
         """``decide_now`` for a single hit: the same steps, without the loops."""
-        limit = hit.limit
-        cell = cells.get(hit.slot)
         allowed, remaining, reset, retry, state = run(
-            limit, cell[0] if cell is not None and cell[1] > now else None, now, hit.cost)
+            hit.limit, _live(cells, hit.slot, now), now, hit.cost)
         leases: tuple[Lease, ...] = ()
-        if allowed:
+        if allowed and (hit.cost or usage):
+            expires = 0
             if hit.cost:
-                entry, lease = self._take(key, entry, hit, state, reset, now)
+                state, lease = self._leased(key, hit, state, now)
+                expires = now + reset
+                cells = _with_cell(cells, hit.slot, state, expires)
                 if lease is not None:
                     leases = (lease,)
-            if usage:
-                if entry is None:
-                    entry = self._insert(key, now)
-                self._count(entry, now, usage)
+            self._store(key, entry, cells, expires, usage, now)
         return _new(Verdict, (allowed, (decision_from(hit, allowed, remaining, reset, retry),),
                               leases, now / 1_000_000))
 
-    def _take(self, key: str, entry: _Entry | None, hit: Hit, state: Any, reset: int,
-              now: int) -> tuple[_Entry, Lease | None]:
-        """Keep an admitted hit's new state until it resets (with the slot it took, for
-        a concurrency limit); the identity's entry, created if new, and the lease."""
-        if entry is None:
-            entry = self._insert(key, now)
-        lease = None
+    def _leased(self, key: str, hit: Hit, state: Any, now: int) -> tuple[Any, Lease | None]:
+        """An admitted hit's state as kept, and the slot it took (for a concurrency
+        limit; else None)."""
         limit = hit.limit
-        if limit.is_concurrency:
-            lease = _new(Lease, (key, hit.scope, limit.uid, str(next(self._leases))))
-            state = with_lease(state, now, limit.period_us, lease.id)
-        expires = now + reset
-        entry.cells[hit.slot] = (state, expires)
-        if expires > entry.expires:
-            entry.expires = expires
-        return entry, lease
+        if not limit.is_concurrency:
+            return state, None
+        lease = _new(Lease, (key, hit.scope, limit.uid, str(next(self._leases))))
+        return with_lease(state, now, limit.period_us, lease.id), lease
 
-    def _count(self, entry: _Entry, now: int, units: int) -> None:
-        """Add an admitted request's ``units`` to the hour and day buckets of ``now``."""
-        hours, days = entry.hours, entry.days
-        if hours is None or days is None:
-            hours, days = entry.hours, entry.days = {}, {}
+    def _store(self, key: str, entry: Entry | None, cells: Cells, expires: int, usage: int,
+               now: int) -> None:
+        """Keep an identity's new ``cells`` (the last of them expiring at ``expires``),
+        with ``usage`` units of an admitted request added to its history."""
+        keys = self._keys
+        if entry is None:
+            self._reclaim(now)
+            hours: dict[int, int] | None = None
+            days: dict[int, int] | None = None
+        else:
+            expires = max(expires, entry[0])
+            hours, days = entry[2], entry[3]
+        if usage:
+            if hours is None or days is None:
+                hours, days = {}, {}
+            expires = max(expires, self._count(hours, days, now, usage))
+        keys[key] = (expires, cells, hours, days)
+        if entry is None and len(keys) > self.max_keys:
+            keys.popitem(last=False)
+
+    def _count(self, hours: dict[int, int], days: dict[int, int], now: int,
+               units: int) -> int:
+        """Add an admitted request's ``units`` to the hour and day buckets of ``now``;
+        until when the history is kept."""
         hour, day = now // _HOUR_US, now // _DAY_US
         hours[hour] = hours.get(hour, 0) + units
         days[day] = days.get(day, 0) + units
@@ -194,17 +217,8 @@ class MemoryStorage(Storage):
         _forget_before(days, day - self.retention.days, self.retention.days)
         # Usage outlives the counters: keep the identity as long as its history (the
         # hourly buckets' retention may be the longer one).
-        kept = max((day + self.retention.days) * _DAY_US,
+        return max((day + self.retention.days) * _DAY_US,
                    (hour + self.retention.hours) * _HOUR_US)
-        if kept > entry.expires:
-            entry.expires = kept
-
-    def _insert(self, key: str, now: int) -> _Entry:
-        self._reclaim(now)
-        entry = self._keys[key] = _Entry()
-        if len(self._keys) > self.max_keys:
-            self._keys.popitem(last=False)
-        return entry
 
     def _reclaim(self, now: int) -> None:
         """Drop a few expired identities from the least recently used end."""
@@ -213,7 +227,7 @@ class MemoryStorage(Storage):
             if not keys:
                 return
             oldest = next(iter(keys))
-            if keys[oldest].expires > now:
+            if keys[oldest][0] > now:
                 return
             del keys[oldest]
 
@@ -230,26 +244,36 @@ class MemoryStorage(Storage):
 
     async def renew(self, leases: Sequence[Lease], period_us: int) -> None:
         now = self._now()
+        keys = self._keys
         for lease in leases:
-            entry = self._keys.get(lease.key)
-            slot = (lease.scope, lease.uid)
-            cell = entry.cells.get(slot) if entry is not None else None
-            if entry is None or cell is None or cell[1] <= now:
+            entry = keys.get(lease.key)
+            if entry is None:
                 continue
-            self._keys.move_to_end(lease.key)  # in use: the last identity to evict
-            state = renewed(cell[0], now, period_us, lease.id)
-            if state is not cell[0]:
-                expires = max(cell[1], now + period_us)
-                entry.cells[slot] = (state, expires)
-                if expires > entry.expires:
-                    entry.expires = expires
+            cells = entry[1]
+            slot = (lease.scope, lease.uid)
+            i = _find(cells, slot)
+            if i < 0 or cells[i + 2] <= now:
+                continue
+            keys.move_to_end(lease.key)  # in use: the last identity to evict
+            state = renewed(cells[i + 1], now, period_us, lease.id)
+            if state is not cells[i + 1]:
+                expires = max(cells[i + 2], now + period_us)
+                keys[lease.key] = (max(entry[0], expires),
+                                   _with_cell(cells, slot, state, expires), entry[2], entry[3])
 
     def _release(self, leases: Sequence[Lease]) -> None:
+        keys = self._keys
         for lease in leases:
-            entry = self._keys.get(lease.key)
-            cell = entry.cells.get((lease.scope, lease.uid)) if entry is not None else None
-            if entry is not None and cell is not None:
-                entry.cells[(lease.scope, lease.uid)] = (without_lease(cell[0], lease.id), cell[1])
+            entry = keys.get(lease.key)
+            if entry is None:
+                continue
+            cells = entry[1]
+            slot = (lease.scope, lease.uid)
+            i = _find(cells, slot)
+            if i >= 0:
+                state = without_lease(cells[i + 1], lease.id)
+                keys[lease.key] = (entry[0], _with_cell(cells, slot, state, cells[i + 2]),
+                                   entry[2], entry[3])
 
     async def usage(
         self, key: str, granularity: Granularity, start: float, end: float,
@@ -259,7 +283,7 @@ class MemoryStorage(Storage):
         entry = self._keys.get(key)
         counts: dict[int, int] | None = None
         if entry is not None:
-            counts = entry.hours if granularity == "hour" else entry.days
+            counts = entry[2] if granularity == "hour" else entry[3]
         if counts is None:
             counts = {}
         size = BUCKET_SECONDS[granularity]
