@@ -333,7 +333,7 @@ def count(app: str, settings: Settings) -> Count:
 
 
 @contextlib.contextmanager
-def _throwaway_redis() -> Iterator[str]:
+def throwaway_redis() -> Iterator[str]:
     """A redis-server of our own on a free port, without persistence; its URL."""
     binary = shutil.which("redis-server")
     if binary is None:
@@ -459,7 +459,7 @@ def main() -> None:
     _check_tools(settings, builds)
     with contextlib.ExitStack() as stack:
         if not settings.redis_url and REDIS_APPS.intersection(apps):
-            settings = replace(settings, redis_url=stack.enter_context(_throwaway_redis()))
+            settings = replace(settings, redis_url=stack.enter_context(throwaway_redis()))
         counts: list[Count] = []
         for run in range(1, args.repeat + 1):
             for app, build in _runs(apps, builds):

@@ -1,0 +1,149 @@
+"""The app ``latency.py`` serves: the middleware over a storage already holding a big
+heap of identities, and a probe of the event loop's pauses.
+
+Read from the environment: ``BENCH_STORAGE`` (a storage URL, ``memory://`` or
+``redis://…``), ``BENCH_KEYS`` (identities put in the storage at start-up),
+``BENCH_FREEZE`` (``1``: ``gc.collect(); gc.freeze()`` at start-up, before the keys
+arrive, as docs/deployment.md advises) and ``BENCH_PREFIX`` (the Redis key prefix).
+Each request counts for the identity in its ``x-client`` header. ``GET /stats`` (exempt
+from the limits) answers the probe's figures since the last ``GET /stats?reset=1``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import json
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+from starlette.types import Scope
+
+from ratelimit_mw.events import DecisionEvent
+from ratelimit_mw.middleware import RateLimitMiddleware
+from ratelimit_mw.policy import Hit, Limit
+from ratelimit_mw.storage import Storage, storage_from_url
+from ratelimit_mw.tiers import Tier
+
+RATE = "1000000000/minute"
+TICK = 0.001
+"""Seconds the probe sleeps between looks at the clock."""
+FILL_BATCH = 2000
+"""Identities decided at once while filling a Redis storage."""
+
+
+class Probe:
+    """The longest pause of the event loop (a ticker's oversleep), the longest garbage
+    collection (``gc.callbacks``), and the decisions not made by the storage."""
+
+    def __init__(self) -> None:
+        self.reset()
+        gc.callbacks.append(self._on_gc)
+        self._gc_start = 0.0
+
+    def reset(self) -> None:
+        self.pause = 0.0
+        self.gc_longest = 0.0
+        self.gc_longest_generation = -1
+        self.collections = [0, 0, 0]
+        self.decisions = 0
+        self.undecided: dict[str, int] = {}
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+            return
+        took = time.perf_counter() - self._gc_start
+        generation = int(info["generation"])
+        self.collections[generation] += 1
+        if took > self.gc_longest:
+            self.gc_longest, self.gc_longest_generation = took, generation
+
+    def on_decision(self, event: DecisionEvent) -> None:
+        self.decisions += 1
+        if event.source != "storage":
+            self.undecided[event.source] = self.undecided.get(event.source, 0) + 1
+
+    async def tick(self) -> None:
+        """Sleep ``TICK`` over and over; the longest oversleep is the longest pause."""
+        clock = time.perf_counter
+        while True:
+            before = clock()
+            await asyncio.sleep(TICK)
+            late = clock() - before - TICK
+            if late > self.pause:
+                self.pause = late
+
+    def figures(self) -> dict[str, object]:
+        return {"loop_pause_ms": self.pause * 1000, "gc_longest_ms": self.gc_longest * 1000,
+                "gc_longest_generation": self.gc_longest_generation,
+                "collections": self.collections, "decisions": self.decisions,
+                "undecided": self.undecided, "tracked_objects": len(gc.get_objects())}
+
+
+def _client_key(scope: Scope) -> str | None:
+    for name, value in scope["headers"]:
+        if name == b"x-client":
+            return value.decode("latin-1")
+    return None
+
+
+async def _fill(storage: Storage, keys: int) -> None:
+    """Decide once for each of ``keys`` identities, as the middleware would."""
+    hits = [Hit(Limit(RATE))]
+    memory = storage.decide_now("warm", hits) is not None
+    for start in range(0, keys, FILL_BATCH):
+        names = [f"c{n}" for n in range(start, min(keys, start + FILL_BATCH))]
+        if memory:
+            for name in names:
+                storage.decide_now(name, hits)
+            await asyncio.sleep(0)
+        else:
+            await asyncio.gather(*(storage.decide(name, hits) for name in names))
+
+
+def create_app() -> Starlette:
+    """The app of the environment's settings (uvicorn ``--factory`` entry point)."""
+    probe = Probe()
+    url = os.environ.get("BENCH_STORAGE", "memory://")
+    keys = int(os.environ.get("BENCH_KEYS", "1000000"))
+    if url.startswith("memory://"):
+        storage = storage_from_url(url, max_keys=2 * keys + 1000)
+    else:
+        storage = storage_from_url(url, prefix=os.environ.get("BENCH_PREFIX", "latency:"))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if os.environ.get("BENCH_FREEZE") == "1":
+            gc.collect()
+            gc.freeze()
+        began = time.perf_counter()
+        await _fill(storage, keys)
+        print(f"# filled {keys} identities in {time.perf_counter() - began:.1f} s",
+              flush=True)
+        ticker = asyncio.create_task(probe.tick())
+        yield
+        ticker.cancel()
+        await storage.close()
+
+    async def hello(request: Request) -> Response:
+        return PlainTextResponse("hello")
+
+    async def stats(request: Request) -> Response:
+        figures = probe.figures()
+        if request.query_params.get("reset"):
+            probe.reset()
+        return PlainTextResponse(json.dumps(figures))
+
+    app = Starlette(routes=[Route("/", hello), Route("/stats", stats)], lifespan=lifespan)
+    app.add_middleware(RateLimitMiddleware, storage=storage, tiers=[Tier("t", RATE)],
+                       key=_client_key, exempt_paths=["/stats"],
+                       on_decision=probe.on_decision)
+    return app
