@@ -204,7 +204,8 @@ def _percentile(values: list[float], fraction: float) -> float:
 def table(results: list[Result]) -> list[str]:
     """The markdown table of the runs (times in milliseconds)."""
     lines = ["| storage | gc.freeze() | capacity req/s | load req/s | p50 | p99 | p99.9 | "
-             "max | longest loop pause | longest gc (gen) | undecided / decisions |",
+             "max | longest loop pause: wall / cpu | longest gc: wall / cpu (gen) | "
+             "undecided / decisions |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for done in results:
         ms = [1000 * _percentile(done.latencies, f) for f in (0.5, 0.99, 0.999)]
@@ -213,8 +214,9 @@ def table(results: list[Result]) -> list[str]:
         lines.append(
             f"| {done.storage} | {'yes' if done.freeze else 'no'} | {done.capacity:.0f} | "
             f"{done.rate:.0f} | {ms[0]:.2f} | {ms[1]:.2f} | {ms[2]:.2f} | "
-            f"{1000 * max(done.latencies):.1f} | {server['loop_pause_ms']:.1f} | "
-            f"{server['gc_longest_ms']:.1f} ({server['gc_longest_generation']}) | "
+            f"{1000 * max(done.latencies):.1f} | {server['loop_pause_ms']:.1f} / "
+            f"{server['loop_pause_cpu_ms']:.1f} | {server['gc_longest_ms']:.1f} / "
+            f"{server['gc_longest_cpu_ms']:.1f} ({server['gc_longest_generation']}) | "
             f"{undecided} / {server['decisions']} |")
     return lines
 
