@@ -10,11 +10,13 @@ soon as the last is answered), and drives a steady open-loop load at ``--load`` 
 was due, so a stall counts for every request it delays). The requests spread over the
 filled identities, and one in ten is a new one. Printed: p50/p99/p99.9 and the
 longest latency, the longest event-loop pause (a 1 ms ticker in the server), the
-longest garbage collection, and how many decisions did not come from the storage
-(failed open after a timeout: the target is none).
+longest garbage collection (both on the wall clock and in the server's CPU time), what
+a full collection costs once the run is over (none may come within it), and how many
+decisions did not come from the storage (failed open after a timeout: the target is
+none). Times are in milliseconds.
 
     python benchmarks/latency.py [--keys 1000000] [--seconds 20] [--load 0.5]
-                                 [--storage memory redis] [--freeze both|yes|no]
+                                 [--rate R] [--storage memory redis] [--freeze both|yes|no]
                                  [--build source|compiled] [--connections 32]
 """
 
@@ -133,10 +135,11 @@ async def _steady(port: int, connections: int, rate: float, seconds: float,
     return latencies, statuses
 
 
-async def _stats(port: int, reset: bool = False) -> dict[str, object]:
+async def _stats(port: int, query: str = "") -> dict[str, object]:
+    """The server's probe figures (``query``: ``reset=1``, ``collect=1``)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        path = "/stats?reset=1" if reset else "/stats"
+        path = f"/stats?{query}"
         writer.write(f"GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
         head = await reader.readuntil(b"\r\n\r\n")
         length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
@@ -185,11 +188,11 @@ def run(storage: str, storage_url: str, freeze: bool, args: argparse.Namespace) 
     try:
         with _server(storage_url, args.keys, freeze, args.build, prefix) as port:
             capacity = asyncio.run(_capacity(port, args.connections, 3.0, args.keys))
-            rate = capacity * args.load
-            asyncio.run(_stats(port, reset=True))
+            rate = args.rate or capacity * args.load
+            asyncio.run(_stats(port, "reset=1"))
             latencies, statuses = asyncio.run(
                 _steady(port, args.connections, rate, args.seconds, args.keys))
-            server = asyncio.run(_stats(port))
+            server = asyncio.run(_stats(port, "collect=1"))
     finally:
         if storage == "redis":
             _forget(storage_url, prefix)
@@ -205,8 +208,8 @@ def table(results: list[Result]) -> list[str]:
     """The markdown table of the runs (times in milliseconds)."""
     lines = ["| storage | gc.freeze() | capacity req/s | load req/s | p50 | p99 | p99.9 | "
              "max | longest loop pause: wall / cpu | longest gc: wall / cpu (gen) | "
-             "undecided / decisions |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "full gc after: wall / cpu | undecided / decisions |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for done in results:
         ms = [1000 * _percentile(done.latencies, f) for f in (0.5, 0.99, 0.999)]
         server = done.server
@@ -217,6 +220,7 @@ def table(results: list[Result]) -> list[str]:
             f"{1000 * max(done.latencies):.1f} | {server['loop_pause_ms']:.1f} / "
             f"{server['loop_pause_cpu_ms']:.1f} | {server['gc_longest_ms']:.1f} / "
             f"{server['gc_longest_cpu_ms']:.1f} ({server['gc_longest_generation']}) | "
+            f"{server['full_gc_ms']:.1f} / {server['full_gc_cpu_ms']:.1f} | "
             f"{undecided} / {server['decisions']} |")
     return lines
 
@@ -226,6 +230,8 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=1_000_000, help="identities filled")
     parser.add_argument("--seconds", type=float, default=20, help="seconds of steady load")
     parser.add_argument("--load", type=float, default=0.5, help="fraction of the capacity")
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="requests per second instead (on a host whose capacity moves)")
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--storage", nargs="+", choices=("memory", "redis"),
                         default=["memory", "redis"])
@@ -244,7 +250,8 @@ def main() -> None:
                 results.append(run(storage, url, freeze, args))
                 print(table(results[-1:])[-1], file=sys.stderr, flush=True)
     print(f"# {' '.join([os.path.basename(sys.executable), *sys.argv])}")
-    print(f"# {args.keys} identities, {args.seconds:g} s at {args.load:g} of the capacity, "
+    load = f"{args.rate:g} req/s" if args.rate else f"{args.load:g} of the capacity"
+    print(f"# {args.keys} identities, {args.seconds:g} s at {load}, "
           f"{args.connections} connections, uvicorn httptools + uvloop, ratelimit_mw "
           f"{args.build}; times in ms")
     for done in results:
