@@ -29,8 +29,7 @@ from starlette.types import Scope
 
 from ratelimit_mw.events import DecisionEvent
 from ratelimit_mw.middleware import RateLimitMiddleware
-from ratelimit_mw.policy import Hit, Limit
-from ratelimit_mw.storage import Storage, storage_from_url
+from ratelimit_mw.storage import storage_from_url
 from ratelimit_mw.tiers import Tier
 
 RATE = "1000000000/minute"
@@ -106,9 +105,15 @@ def _client_key(scope: Scope) -> str | None:
     return None
 
 
-async def _fill(storage: Storage, keys: int) -> None:
-    """Decide once for each of ``keys`` identities, as the middleware would."""
-    hits = [Hit(Limit(RATE))]
+async def _fill(middleware: RateLimitMiddleware, keys: int) -> None:
+    """Decide once for each of ``keys`` identities, with the hits the middleware decides
+    a request to ``/`` with (so the requests find these very counters)."""
+    scope = {"type": "http", "method": "GET", "path": "/", "headers": [(b"x-client", b"c0")],
+             "client": ("127.0.0.1", 1), "query_string": b""}
+    charge = middleware.limiter.charge_now(scope)
+    assert charge is not None
+    hits = charge[1].hits
+    storage = middleware.storage
     memory = storage.decide_now("warm", hits) is not None
     for start in range(0, keys, FILL_BATCH):
         names = [f"c{n}" for n in range(start, min(keys, start + FILL_BATCH))]
@@ -118,6 +123,14 @@ async def _fill(storage: Storage, keys: int) -> None:
             await asyncio.sleep(0)
         else:
             await asyncio.gather(*(storage.decide(name, hits) for name in names))
+
+
+def _middleware(app: Starlette) -> RateLimitMiddleware:
+    """The app's RateLimitMiddleware (its stack is built before the lifespan runs)."""
+    layer: Any = app.middleware_stack
+    while not isinstance(layer, RateLimitMiddleware):
+        layer = layer.app
+    return layer
 
 
 def create_app() -> Starlette:
@@ -136,7 +149,7 @@ def create_app() -> Starlette:
             gc.collect()
             gc.freeze()
         began = time.perf_counter()
-        await _fill(storage, keys)
+        await _fill(_middleware(app), keys)
         print(f"# filled {keys} identities in {time.perf_counter() - began:.1f} s",
               flush=True)
         ticker = asyncio.create_task(probe.tick())
