@@ -70,6 +70,8 @@ from middleware import create_app as _create_app
 HERE = Path(__file__).resolve().parent
 DEFAULT_APPS = ("bare", "headers", "memory", "memory-tier", "redis", "redis-tier")
 CONTROLS = ("bare", "headers")
+WITHOUT_RATELIMIT_MW = (*CONTROLS, "floor")
+"""The apps of ``middleware.py`` that do not run ratelimit_mw: counted on one build."""
 REDIS_APPS = frozenset({"redis", "denial", "redis-tier"}).union(
     peer for peer in PEERS if peer.endswith("-redis"))
 # The modules each peer library needs, by the peer app's name less its storage.
@@ -410,7 +412,7 @@ def _check_tools(settings: Settings, builds: Sequence[str]) -> None:
 def _runs(apps: Sequence[str], builds: Sequence[str]) -> list[tuple[str, str]]:
     """(app, build) in the order counted: the controls and the peers once (they do not
     run ratelimit_mw), ratelimit_mw's apps on every build."""
-    ours = [app for app in apps if app in APPS and app not in CONTROLS]
+    ours = [app for app in apps if app in APPS and app not in WITHOUT_RATELIMIT_MW]
     once = [app for app in apps if app not in ours]
     return [*((app, builds[0]) for app in once),
             *((app, build) for build in builds for app in ours)]

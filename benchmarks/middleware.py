@@ -18,6 +18,8 @@ Apps (this module is also the uvicorn app module, see ``create_app``):
     bare     Starlette, one plain-text route
     headers  bare, plus four constant X-RateLimit-* headers added by a minimal pure
              ASGI wrapper: the ceiling for any limiter that sends the legacy headers
+    floor    the least a limiter must do beyond that: a fixed-window count per client
+             IP in a dict, its remaining count and reset formatted into the headers
     memory   + the middleware on memory storage, every request admitted
     redis    + the middleware on Redis, every request admitted
     denial   + the middleware on Redis, the one client over its limit (answered
@@ -58,7 +60,8 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-APPS = ("bare", "headers", "quiet", "memory", "redis", "denial", "memory-tier", "redis-tier")
+APPS = ("bare", "headers", "floor", "quiet", "memory", "redis", "denial", "memory-tier",
+        "redis-tier")
 PEERS = (  # the other libraries doing the same job, from benchmarks/peer_apps.py
     "limits-memory", "limits-redis", "slowapi-memory", "slowapi-redis",
     "asgi-ratelimit-memory", "asgi-ratelimit-redis", "fastapi-limiter-memory",
@@ -86,6 +89,8 @@ def create_app() -> Starlette:
         return app
     if kind == "headers":
         return _with_constant_headers(app)  # type: ignore[return-value]
+    if kind == "floor":
+        return _with_least_limiter(app)  # type: ignore[return-value]
     redis_url = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/0")
     prefix = os.environ.get("BENCH_PREFIX", "bench:")
     # A generous storage timeout (under full load, or valgrind, the default 50 ms can
@@ -133,6 +138,39 @@ def _with_constant_headers(app: Starlette) -> object:
         if scope["type"] != "http":
             await app(scope, receive, send)
             return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), *headers]
+            await send(message)
+
+        await app(scope, receive, send_with_headers)
+
+    return wrapper
+
+
+def _with_least_limiter(app: Starlette) -> object:
+    """``app`` behind the least a limiter sending the legacy headers must do: key the
+    request by client IP, count it in a fixed window kept in a dict, and format the
+    remaining count and reset time into the four headers. No configuration, no
+    algorithm choice, no failure policy: the floor any limiter's count stands on."""
+    counts: dict[str, tuple[int, int]] = {}
+    limit, window = 1_000_000_000, 60
+
+    async def wrapper(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        key = scope["client"][0]
+        now = int(time.time())
+        start = now - now % window
+        began, used = counts.get(key, (start, 0))
+        used = used + 1 if began == start else 1
+        counts[key] = (start, used)
+        headers = [(b"x-ratelimit-limit", b"1000000000"),
+                   (b"x-ratelimit-remaining", b"%d" % (limit - used)),
+                   (b"x-ratelimit-reset", b"%d" % (start + window)),
+                   (b"x-ratelimit-policy", b'1000000000;w=60;comment="per minute"')]
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -281,7 +319,7 @@ def measure(kind: str, redis_url: str, seconds: float, connections: int, python:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-        if kind not in ("bare", "headers", "memory", "quiet", "memory-tier"):
+        if kind not in ("bare", "headers", "floor", "memory", "quiet", "memory-tier"):
             _forget(redis_url, prefix)
 
 
