@@ -31,41 +31,48 @@ _SWEEP = 4  # expired identities reclaimed per insert, from the least recently u
 _new = tuple.__new__
 _HOUR_US, _DAY_US = 3_600_000_000, 86_400_000_000
 _TIME = time.time  # the wall clock as imported (a clock patched in later is honoured)
+_EMPTY: tuple[Any, ...] = (0, None, None)
+"""The entry of an identity with nothing kept yet."""
 
-Cells = tuple[Any, ...]
-"""An identity's counters, flat: ``(slot, state, expires, slot, state, expires, …)``."""
-Entry = tuple[int, Cells, "dict[int, int] | None", "dict[int, int] | None"]
-"""One identity: when the last of its state expires (µs), its cells, and its admitted
-requests per hour and per day since the epoch (usage history; None when not counted).
+Entry = tuple[Any, ...]
+"""One identity, flat: when the last of its state expires (µs), its admitted requests
+per hour and per day since the epoch (usage history; None when not counted), then its
+counters in threes: ``(expires, hours, days, slot, state, expires, slot, state, …)``.
 
-Plain tuples of numbers and strings (and dicts of ints): the garbage collector stops
-tracking them after the first collection they survive, so a million identities add no
-objects to a full collection, only the one dict that holds them (which ``gc.freeze()``
-after start-up takes out of the collector's view too: see docs/deployment.md)."""
+Tuples of numbers and strings (and dicts of ints): the garbage collector stops tracking
+such a tuple once a collection finds everything in it untracked, and a collection
+reaches the outer tuple before the state inside it, so an entry two tuples deep is
+untracked by the time it reaches the oldest generation (three deep, it would not be).
+A million identities then add no objects to a full collection, only the one dict that
+holds them, which ``gc.freeze()`` after start-up takes out of the collector's view too
+(see docs/deployment.md)."""
+_FIRST_CELL = 3
 
 
-def _find(cells: Cells, slot: tuple[str, str]) -> int:
-    """The index of ``slot`` in ``cells``, or -1."""
-    for i in range(0, len(cells), 3):
-        if cells[i] == slot:
+def _find(entry: Entry, slot: tuple[str, str]) -> int:
+    """The index of ``slot`` in ``entry``, or -1."""
+    for i in range(_FIRST_CELL, len(entry), 3):
+        if entry[i] == slot:
             return i
     return -1
 
 
-def _live(cells: Cells, slot: tuple[str, str], now: int) -> Any:
+def _live(entry: Entry | None, slot: tuple[str, str], now: int) -> Any:
     """The state of ``slot`` at ``now``, or None (none kept, or expired)."""
-    i = _find(cells, slot)
-    return cells[i + 1] if i >= 0 and cells[i + 2] > now else None
+    if entry is None:
+        return None
+    i = _find(entry, slot)
+    return entry[i + 1] if i >= 0 and entry[i + 2] > now else None
 
 
-def _with_cell(cells: Cells, slot: tuple[str, str], state: Any, expires: int) -> Cells:
-    """``cells`` with ``slot`` holding ``state`` until ``expires``."""
-    i = _find(cells, slot)
+def _with_cell(entry: Entry, slot: tuple[str, str], state: Any, expires: int) -> Entry:
+    """``entry`` with ``slot`` holding ``state`` until ``expires`` (the entry's own
+    expiry pushed back to it if need be)."""
+    whole = entry[0] if entry[0] > expires else expires
+    i = _find(entry, slot)
     if i < 0:
-        return (*cells, slot, state, expires)
-    if len(cells) == 3:
-        return (slot, state, expires)
-    return (*cells[:i], slot, state, expires, *cells[i + 3:])
+        return (whole, *entry[1:], slot, state, expires)
+    return (whole, *entry[1:i], slot, state, expires, *entry[i + 3:])
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -124,56 +131,54 @@ class MemoryStorage(Storage):
         entry = keys.get(key)
         if entry is not None:
             keys.move_to_end(key)
-            cells = entry[1]
-        else:
-            cells = ()
         if len(hits) == 1:
-            return self._decide_one(key, entry, cells, hits[0], now, usage)
+            return self._decide_one(key, entry, hits[0], now, usage)
         hits = merge_hits(hits)
         steps = []
         allowed = True
         for hit in hits:
-            step = run(hit.limit, _live(cells, hit.slot, now), now, hit.cost)
+            step = run(hit.limit, _live(entry, hit.slot, now), now, hit.cost)
             steps.append(step)
             if not step[0]:
                 allowed = False
         leases: tuple[Lease, ...] = ()
         if allowed:
-            expires = 0
+            kept = entry
             for hit, step in zip(hits, steps):  # noqa: B905 - one step per hit
                 if hit.cost:
                     state, lease = self._leased(key, hit, step[4], now)
-                    cells = _with_cell(cells, hit.slot, state, now + step[2])
-                    expires = max(expires, now + step[2])
+                    kept = _with_cell(kept if kept is not None else _EMPTY, hit.slot, state,
+                                      now + step[2])
                     if lease is not None:
                         leases = (*leases, lease)
-            if expires or usage:
-                self._store(key, entry, cells, expires, usage, now)
+            if kept is not None and (kept is not entry or usage):
+                self._store(key, entry, kept, usage, now)
+            elif usage:
+                self._store(key, entry, _EMPTY, usage, now)
         elif len(hits) > 1:
             # Report what the admitted limits look like without this request's cost.
             for i, hit in enumerate(hits):
                 if steps[i][0] and hit.cost:
-                    steps[i] = run(hit.limit, _live(cells, hit.slot, now), now, 0)
+                    steps[i] = run(hit.limit, _live(entry, hit.slot, now), now, 0)
         # tuple.__new__ skips the named tuple's Python-level __new__: this runs per request.
         return _new(Verdict, (allowed, tuple([
             decision_from(hit, step[0], step[1], step[2], step[3])
             for hit, step in zip(hits, steps)]), leases, now / 1_000_000))  # noqa: B905
 
-    def _decide_one(self, key: str, entry: Entry | None, cells: Cells, hit: Hit, now: int,
+    def _decide_one(self, key: str, entry: Entry | None, hit: Hit, now: int,
                     usage: int) -> Verdict:
         """``decide_now`` for a single hit: the same steps, without the loops."""
         allowed, remaining, reset, retry, state = run(
-            hit.limit, _live(cells, hit.slot, now), now, hit.cost)
+            hit.limit, _live(entry, hit.slot, now), now, hit.cost)
         leases: tuple[Lease, ...] = ()
         if allowed and (hit.cost or usage):
-            expires = 0
+            kept = entry if entry is not None else _EMPTY
             if hit.cost:
                 state, lease = self._leased(key, hit, state, now)
-                expires = now + reset
-                cells = _with_cell(cells, hit.slot, state, expires)
+                kept = _with_cell(kept, hit.slot, state, now + reset)
                 if lease is not None:
                     leases = (lease,)
-            self._store(key, entry, cells, expires, usage, now)
+            self._store(key, entry, kept, usage, now)
         return _new(Verdict, (allowed, (decision_from(hit, allowed, remaining, reset, retry),),
                               leases, now / 1_000_000))
 
@@ -186,24 +191,20 @@ class MemoryStorage(Storage):
         lease = _new(Lease, (key, hit.scope, limit.uid, str(next(self._leases))))
         return with_lease(state, now, limit.period_us, lease.id), lease
 
-    def _store(self, key: str, entry: Entry | None, cells: Cells, expires: int, usage: int,
-               now: int) -> None:
-        """Keep an identity's new ``cells`` (the last of them expiring at ``expires``),
-        with ``usage`` units of an admitted request added to its history."""
+    def _store(self, key: str, old: Entry | None, entry: Entry, usage: int, now: int) -> None:
+        """Keep an identity's new ``entry`` (``old`` if it had one), with ``usage`` units
+        of an admitted request added to its history."""
         keys = self._keys
-        if entry is None:
+        if old is None:
             self._reclaim(now)
-            hours: dict[int, int] | None = None
-            days: dict[int, int] | None = None
-        else:
-            expires = max(expires, entry[0])
-            hours, days = entry[2], entry[3]
         if usage:
+            hours, days = entry[1], entry[2]
             if hours is None or days is None:
                 hours, days = {}, {}
-            expires = max(expires, self._count(hours, days, now, usage))
-        keys[key] = (expires, cells, hours, days)
-        if entry is None and len(keys) > self.max_keys:
+            kept = self._count(hours, days, now, usage)
+            entry = (entry[0] if entry[0] > kept else kept, hours, days, *entry[_FIRST_CELL:])
+        keys[key] = entry
+        if old is None and len(keys) > self.max_keys:
             keys.popitem(last=False)
 
     def _count(self, hours: dict[int, int], days: dict[int, int], now: int,
@@ -249,17 +250,15 @@ class MemoryStorage(Storage):
             entry = keys.get(lease.key)
             if entry is None:
                 continue
-            cells = entry[1]
             slot = (lease.scope, lease.uid)
-            i = _find(cells, slot)
-            if i < 0 or cells[i + 2] <= now:
+            i = _find(entry, slot)
+            if i < 0 or entry[i + 2] <= now:
                 continue
             keys.move_to_end(lease.key)  # in use: the last identity to evict
-            state = renewed(cells[i + 1], now, period_us, lease.id)
-            if state is not cells[i + 1]:
-                expires = max(cells[i + 2], now + period_us)
-                keys[lease.key] = (max(entry[0], expires),
-                                   _with_cell(cells, slot, state, expires), entry[2], entry[3])
+            state = renewed(entry[i + 1], now, period_us, lease.id)
+            if state is not entry[i + 1]:
+                expires = max(entry[i + 2], now + period_us)
+                keys[lease.key] = _with_cell(entry, slot, state, expires)
 
     def _release(self, leases: Sequence[Lease]) -> None:
         keys = self._keys
@@ -267,13 +266,11 @@ class MemoryStorage(Storage):
             entry = keys.get(lease.key)
             if entry is None:
                 continue
-            cells = entry[1]
             slot = (lease.scope, lease.uid)
-            i = _find(cells, slot)
+            i = _find(entry, slot)
             if i >= 0:
-                state = without_lease(cells[i + 1], lease.id)
-                keys[lease.key] = (entry[0], _with_cell(cells, slot, state, cells[i + 2]),
-                                   entry[2], entry[3])
+                state = without_lease(entry[i + 1], lease.id)
+                keys[lease.key] = _with_cell(entry, slot, state, entry[i + 2])
 
     async def usage(
         self, key: str, granularity: Granularity, start: float, end: float,
@@ -283,7 +280,7 @@ class MemoryStorage(Storage):
         entry = self._keys.get(key)
         counts: dict[int, int] | None = None
         if entry is not None:
-            counts = entry[2] if granularity == "hour" else entry[3]
+            counts = entry[1] if granularity == "hour" else entry[2]
         if counts is None:
             counts = {}
         size = BUCKET_SECONDS[granularity]

@@ -85,7 +85,7 @@ async def test_usage_history_stays_within_its_retention() -> None:
     for hour in range(24 * 20):
         clock.now = start + hour * 3600
         await storage.decide("k", [], usage=True)
-    _, _, hours, days = storage._keys["k"]
+    _, hours, days, *_ = storage._keys["k"]
     assert hours is not None and days is not None
     assert len(hours) <= 5 and len(days) <= 3
     newest = int(clock.now) - int(clock.now) % 3600
