@@ -51,7 +51,10 @@ _FIRST_CELL = 3
 
 def _find(entry: Entry, slot: tuple[str, str]) -> int:
     """The index of ``slot`` in ``entry``, or -1."""
-    for i in range(_FIRST_CELL, len(entry), 3):
+    size = len(entry)
+    if size > _FIRST_CELL and entry[_FIRST_CELL] == slot:  # most identities have one
+        return _FIRST_CELL
+    for i in range(_FIRST_CELL + 3, size, 3):
         if entry[i] == slot:
             return i
     return -1
@@ -65,11 +68,14 @@ def _live(entry: Entry | None, slot: tuple[str, str], now: int) -> Any:
     return entry[i + 1] if i >= 0 and entry[i + 2] > now else None
 
 
-def _with_cell(entry: Entry, slot: tuple[str, str], state: Any, expires: int) -> Entry:
-    """``entry`` with ``slot`` holding ``state`` until ``expires`` (the entry's own
-    expiry pushed back to it if need be)."""
+def _with_cell(entry: Entry, i: int, slot: tuple[str, str], state: Any,
+               expires: int) -> Entry:
+    """``entry`` with ``slot`` (at index ``i``, -1: none yet) holding ``state`` until
+    ``expires`` (the entry's own expiry pushed back to it if need be)."""
     whole = entry[0] if entry[0] > expires else expires
-    i = _find(entry, slot)
+    size = len(entry)
+    if (i < 0 and size == _FIRST_CELL) or (i == _FIRST_CELL and size == _FIRST_CELL + 3):
+        return (whole, entry[1], entry[2], slot, state, expires)
     if i < 0:
         return (whole, *entry[1:], slot, state, expires)
     return (whole, *entry[1:i], slot, state, expires, *entry[i + 3:])
@@ -147,7 +153,9 @@ class MemoryStorage(Storage):
             for hit, step in zip(hits, steps):  # noqa: B905 - one step per hit
                 if hit.cost:
                     state, lease = self._leased(key, hit, step[4], now)
-                    kept = _with_cell(kept if kept is not None else _EMPTY, hit.slot, state,
+                    if kept is None:
+                        kept = _EMPTY
+                    kept = _with_cell(kept, _find(kept, hit.slot), hit.slot, state,
                                       now + step[2])
                     if lease is not None:
                         leases = (*leases, lease)
@@ -168,14 +176,16 @@ class MemoryStorage(Storage):
     def _decide_one(self, key: str, entry: Entry | None, hit: Hit, now: int,
                     usage: int) -> Verdict:
         """``decide_now`` for a single hit: the same steps, without the loops."""
+        slot = hit.slot
+        kept = entry if entry is not None else _EMPTY
+        i = _find(kept, slot)
         allowed, remaining, reset, retry, state = run(
-            hit.limit, _live(entry, hit.slot, now), now, hit.cost)
+            hit.limit, kept[i + 1] if i >= 0 and kept[i + 2] > now else None, now, hit.cost)
         leases: tuple[Lease, ...] = ()
         if allowed and (hit.cost or usage):
-            kept = entry if entry is not None else _EMPTY
             if hit.cost:
                 state, lease = self._leased(key, hit, state, now)
-                kept = _with_cell(kept, hit.slot, state, now + reset)
+                kept = _with_cell(kept, i, slot, state, now + reset)
                 if lease is not None:
                     leases = (lease,)
             self._store(key, entry, kept, usage, now)
@@ -258,7 +268,7 @@ class MemoryStorage(Storage):
             state = renewed(entry[i + 1], now, period_us, lease.id)
             if state is not entry[i + 1]:
                 expires = max(entry[i + 2], now + period_us)
-                keys[lease.key] = _with_cell(entry, slot, state, expires)
+                keys[lease.key] = _with_cell(entry, i, slot, state, expires)
 
     def _release(self, leases: Sequence[Lease]) -> None:
         keys = self._keys
@@ -270,7 +280,7 @@ class MemoryStorage(Storage):
             i = _find(entry, slot)
             if i >= 0:
                 state = without_lease(entry[i + 1], lease.id)
-                keys[lease.key] = _with_cell(entry, slot, state, entry[i + 2])
+                keys[lease.key] = _with_cell(entry, i, slot, state, entry[i + 2])
 
     async def usage(
         self, key: str, granularity: Granularity, start: float, end: float,
