@@ -68,6 +68,16 @@ def _live(entry: Entry | None, slot: tuple[str, str], now: int) -> Any:
     return entry[i + 1] if i >= 0 and entry[i + 2] > now else None
 
 
+def _set_cell(cells: list[Any], slot: tuple[str, str], state: Any, expires: int) -> None:
+    """Put ``slot``'s ``state`` until ``expires`` in ``cells`` (an entry's, in threes)."""
+    for i in range(0, len(cells), 3):
+        if cells[i] == slot:
+            cells[i + 1] = state
+            cells[i + 2] = expires
+            return
+    cells += (slot, state, expires)
+
+
 def _with_cell(entry: Entry, i: int, slot: tuple[str, str], state: Any,
                expires: int) -> Entry:
     """``entry`` with ``slot`` (at index ``i``, -1: none yet) holding ``state`` until
@@ -149,20 +159,22 @@ class MemoryStorage(Storage):
                 allowed = False
         leases: tuple[Lease, ...] = ()
         if allowed:
-            kept = entry
+            # One new entry for all the hits: its cells as a list, updated in place.
+            cells = list(entry[_FIRST_CELL:]) if entry is not None else []
+            expires = entry[0] if entry is not None else 0
+            charged = False
             for hit, step in zip(hits, steps):  # noqa: B905 - one step per hit
                 if hit.cost:
                     state, lease = self._leased(key, hit, step[4], now)
-                    if kept is None:
-                        kept = _EMPTY
-                    kept = _with_cell(kept, _find(kept, hit.slot), hit.slot, state,
-                                      now + step[2])
+                    ends = now + step[2]
+                    _set_cell(cells, hit.slot, state, ends)
+                    expires = max(expires, ends)
+                    charged = True
                     if lease is not None:
                         leases = (*leases, lease)
-            if kept is not None and (kept is not entry or usage):
-                self._store(key, entry, kept, usage, now)
-            elif usage:
-                self._store(key, entry, _EMPTY, usage, now)
+            if charged or usage:
+                hours, days = (entry[1], entry[2]) if entry is not None else (None, None)
+                self._store(key, entry, (expires, hours, days, *cells), usage, now)
         elif len(hits) > 1:
             # Report what the admitted limits look like without this request's cost.
             for i, hit in enumerate(hits):
@@ -212,7 +224,9 @@ class MemoryStorage(Storage):
             if hours is None or days is None:
                 hours, days = {}, {}
             kept = self._count(hours, days, now, usage)
-            entry = (entry[0] if entry[0] > kept else kept, hours, days, *entry[_FIRST_CELL:])
+            if kept > entry[0] or hours is not entry[1]:
+                entry = (entry[0] if entry[0] > kept else kept, hours, days,
+                         *entry[_FIRST_CELL:])
         keys[key] = entry
         if old is None and len(keys) > self.max_keys:
             keys.popitem(last=False)
