@@ -6,7 +6,7 @@ WORKDIR /app
 
 COPY pyproject.toml README.md ./
 COPY ratelimit_mw ./ratelimit_mw
-RUN pip install --no-cache-dir '.[redis,fastapi]' 'uvicorn>=0.30'
+RUN pip install --no-cache-dir '.[fastapi]' 'uvicorn>=0.30'
 
 COPY example_app ./example_app
 RUN useradd --create-home app

@@ -27,7 +27,8 @@ import limits.aio.strategies as limits_strategies
 import redis.asyncio as aioredis
 from redis_count import ClientCommands  # benchmarks/ is on sys.path when run as a script
 
-from ratelimit_mw import ALGORITHM_NAMES, Hit, Limit, MemoryStorage, RedisStorage
+from ratelimit_mw import Hit, Limit, MemoryStorage, RedisStorage
+from ratelimit_mw.policy import ALGORITHM_NAMES
 
 PEERS = {  # our algorithm -> the limits strategy that does the same work
     "fixed_window": limits_strategies.FixedWindowRateLimiter,
@@ -40,7 +41,7 @@ RATE = "1000/minute"
 
 def our_limit(algorithm: str, rate: str = RATE) -> Limit:
     burst = int(rate.split("/")[0]) if algorithm in ("token_bucket", "gcra") else None
-    return Limit.parse(rate, algorithm, burst=burst)
+    return Limit(rate, algorithm, burst=burst)
 
 
 def three_limits() -> list[Hit]:

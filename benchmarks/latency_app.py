@@ -29,6 +29,7 @@ from starlette.types import Scope
 
 from ratelimit_mw.events import DecisionEvent
 from ratelimit_mw.middleware import RateLimitMiddleware
+from ratelimit_mw.settings import RateLimitSettings
 from ratelimit_mw.storage import storage_from_url
 from ratelimit_mw.tiers import Tier
 
@@ -174,6 +175,6 @@ def create_app() -> Starlette:
 
     app = Starlette(routes=[Route("/", hello), Route("/stats", stats)], lifespan=lifespan)
     app.add_middleware(RateLimitMiddleware, storage=storage, tiers=[Tier("t", RATE)],
-                       key=_client_key, exempt_paths=["/stats"],
+                       key=_client_key, settings=RateLimitSettings(exempt_paths=["/stats"]),
                        on_decision=probe.on_decision)
     return app

@@ -51,7 +51,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from redis_count import ClientCommands  # benchmarks/ is on sys.path (script or --app-dir)
 from starlette.applications import Starlette
@@ -81,6 +81,7 @@ async def _hello(request: Request) -> Response:
 def create_app() -> Starlette:
     """The app named by $BENCH_APP (uvicorn ``--factory`` entry point)."""
     from ratelimit_mw.middleware import RateLimitMiddleware
+    from ratelimit_mw.settings import RateLimitSettings
     from ratelimit_mw.tiers import Tier
 
     kind = os.environ.get("BENCH_APP", "bare")
@@ -96,13 +97,19 @@ def create_app() -> Starlette:
     # A generous storage timeout (under full load, or valgrind, the default 50 ms can
     # pass while the event loop is busy, and the fail-open path would be measured
     # instead); BENCH_FAILURE_MODE=closed makes any failed decision a 503 to be seen.
-    common = {"storage_prefix": prefix,
-              "storage_timeout": float(os.environ.get("BENCH_STORAGE_TIMEOUT", "2.0")),
-              "failure_mode": os.environ.get("BENCH_FAILURE_MODE", "open")}
+    common: dict[str, Any] = {
+        "storage_prefix": prefix,
+        "storage_timeout": float(os.environ.get("BENCH_STORAGE_TIMEOUT", "2.0")),
+        "failure_mode": os.environ.get("BENCH_FAILURE_MODE", "open"),
+    }
     if kind in ("memory", "quiet", "redis"):
-        app.add_middleware(RateLimitMiddleware, tiers=[Tier("t", "1000000000/minute")],
-                           storage_url="memory://" if kind != "redis" else redis_url,
-                           header_style="none" if kind == "quiet" else "legacy", **common)
+        app.add_middleware(
+            RateLimitMiddleware,
+            tiers=[Tier("t", "1000000000/minute")],
+            settings=RateLimitSettings(
+                storage_url="memory://" if kind != "redis" else redis_url,
+                header_style="none" if kind == "quiet" else "legacy", **common),
+        )
     elif kind in ("memory-tier", "redis-tier"):
         from ratelimit_mw.policy import Limit
 
@@ -112,11 +119,17 @@ def create_app() -> Starlette:
             Limit(f"{_HUGE}/day", "fixed_window", name="daily"),
         ], concurrency=_HUGE)
         url = "memory://" if kind == "memory-tier" else redis_url
-        app.add_middleware(RateLimitMiddleware, tiers=[tier], storage_url=url,
-                           quota_history=True, **common)
+        app.add_middleware(
+            RateLimitMiddleware,
+            tiers=[tier],
+            settings=RateLimitSettings(storage_url=url, quota_history=True, **common),
+        )
     elif kind == "denial":
-        app.add_middleware(RateLimitMiddleware, tiers=[Tier("t", "1/hour")],
-                           storage_url=redis_url, **common)
+        app.add_middleware(
+            RateLimitMiddleware,
+            tiers=[Tier("t", "1/hour")],
+            settings=RateLimitSettings(storage_url=redis_url, **common),
+        )
     elif kind in PEERS:
         from peer_apps import build  # benchmarks/ is uvicorn's --app-dir
 

@@ -25,23 +25,26 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Query
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ratelimit_mw import (
-    CircuitBreaker,
-    CircuitOpenError,
     IdempotencyMiddleware,
-    IdempotencyStore,
-    MemoryIdempotencyStore,
     RateLimitMiddleware,
     RateLimitSettings,
-    RedisIdempotencyStore,
     TierByAPIKey,
-    breaker_dependency,
     exempt,
     limit,
     quota_router,
 )
+from ratelimit_mw.breaker import CircuitBreaker
+from ratelimit_mw.breaker.guard import breaker_dependency
+from ratelimit_mw.idempotency import (
+    IdempotencyStore,
+    MemoryIdempotencyStore,
+    RedisIdempotencyStore,
+)
+from ratelimit_mw.openapi import document_limits
 
 TIERS_FILE = Path(__file__).with_name("tiers.toml")
 API_KEYS = {
@@ -52,6 +55,25 @@ API_KEYS = {
 }
 
 settings = RateLimitSettings.from_toml(TIERS_FILE)
+
+
+class ErrorBody(BaseModel):
+    """The body of the example's own errors: the shape of every answer of ratelimit_mw."""
+
+    error: str
+    message: str
+
+
+class FastAPIError(BaseModel):
+    """FastAPI's own error body."""
+
+    detail: str
+
+
+UNKNOWN_KEY: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "The X-API-Key is not one of the demo keys."}}
+UNREADABLE_BODY: dict[int | str, dict[str, Any]] = {
+    400: {"model": FastAPIError, "description": "The body can't be read (FastAPI's answer)."}}
 
 
 class APIKeyAuth:
@@ -134,44 +156,44 @@ async def health() -> dict[str, str | int]:
     return {"status": "ok", "worker": os.getpid()}
 
 
-@app.get("/api/v1/hello")
+@app.get("/api/v1/hello", responses=UNKNOWN_KEY)
 async def hello() -> dict[str, str | int]:
     return {"message": "hello", "worker": os.getpid()}
 
 
-@app.get("/api/v1/slow")
+@app.get("/api/v1/slow", responses=UNKNOWN_KEY)
 async def slow(seconds: float = Query(0.5, ge=0, le=30)) -> dict[str, float]:
     await asyncio.sleep(seconds)
     return {"slept": seconds}
 
 
-@app.post("/api/v1/reports", status_code=201)
+@app.post("/api/v1/reports", status_code=201, responses=UNKNOWN_KEY)
 @limit("2/minute", name="reports")
 async def create_report() -> dict[str, str]:
     return {"report": "queued"}
 
 
-@app.post("/api/v1/payments", status_code=201)
+@app.post("/api/v1/payments", status_code=201, responses={**UNKNOWN_KEY, **UNREADABLE_BODY})
 async def create_payment(payment: dict[str, Any]) -> dict[str, Any]:
     # Runs once per Idempotency-Key: a retry gets this same answer replayed.
     return {"payment_id": f"pay_{uuid.uuid4().hex[:16]}", "status": "succeeded", **payment}
 
 
-@app.get("/api/v1/upstream", dependencies=[Depends(breaker_dependency(upstream_breaker))])
+@app.get("/api/v1/upstream", dependencies=[Depends(breaker_dependency(upstream_breaker))],
+         responses={**UNKNOWN_KEY, 502: {"model": ErrorBody, "description": "The upstream "
+                                          "failed (failure_rate of the calls do, on purpose)."}})
 async def upstream(failure_rate: float = Query(0.0, ge=0, le=1)) -> JSONResponse:
+    # A CircuitOpenError (the breaker opened since the dependency looked) is answered by
+    # circuit_open_handler, which document_limits installs: the dependency's 503.
     try:
         result = await upstream_breaker.call(flaky_upstream, failure_rate)
-    except CircuitOpenError:  # opened by a concurrent call since the dependency looked
-        return JSONResponse({"error": "service_unavailable"}, status_code=503,
-                            headers={"Retry-After": str(max(1, round(
-                                upstream_breaker.remaining_cooldown + 0.5)))})
     except UpstreamError:
         return JSONResponse({"error": "bad_gateway", "message": "the upstream failed"},
                             status_code=502)
     return JSONResponse(result)
 
 
-app.include_router(quota_router())
+app.include_router(quota_router(), responses=UNKNOWN_KEY)
 
 # Outermost last: unknown keys are refused first, then requests are rate limited,
 # then a keyed payment is run at most once (its record is the caller's the rate limiter
@@ -184,3 +206,5 @@ app.add_middleware(RateLimitMiddleware, settings=settings,  # type: ignore[arg-t
                    tier_resolver=TierByAPIKey(API_KEYS, header=settings.api_key_header))
 app.add_middleware(APIKeyAuth, keys=API_KEYS, open_paths=("/health",),
                    header=settings.api_key_header)
+# /openapi.json and /docs tell the limits, the 429 and 503, and the Idempotency-Key.
+document_limits(app)

@@ -52,9 +52,8 @@ class RateLimitMiddleware:
     """Pure ASGI rate limiting for Starlette and FastAPI.
 
     ``settings`` (default: read from ``RATELIMIT_*`` variables) configures everything
-    that can be written down; keyword ``options`` override its fields by name
-    (``header_style="draft-11"``, ``failure_mode="memory"`` …). Objects go in as
-    arguments: a ``storage`` (default: from ``storage_url``), ``tiers`` (default:
+    that can be written down (``RateLimitSettings(header_style="draft-11")``). Objects
+    go in as arguments: a ``storage`` (default: from ``storage_url``), ``tiers`` (default:
     from settings), a ``key`` function (``"ip"``, ``"api_key"``, ``"user"`` or a
     sync/async callable of the scope), a ``tier_resolver`` (sync/async callable of
     the scope returning a tier name), route ``rules``, an ``on_denied`` hook for a
@@ -65,8 +64,8 @@ class RateLimitMiddleware:
     def __init__(
         self,
         app: ASGIApp,
-        settings: RateLimitSettings | None = None,
         *,
+        settings: RateLimitSettings | None = None,
         storage: Storage | None = None,
         tiers: Iterable[Tier] | Mapping[str, Tier] | TierTable | None = None,
         key: str | KeyFunc | None = None,
@@ -76,16 +75,12 @@ class RateLimitMiddleware:
         on_decision: DecisionHook | None = None,
         clock: Callable[[], float] = time.time,
         breaker: Gate | None = None,
-        **options: Any,
     ) -> None:
         _check_objects(settings=settings, storage=storage, tier_resolver=tier_resolver,
                        on_denied=on_denied, on_decision=on_decision, clock=clock,
                        breaker=breaker)
         if settings is None:
-            settings = RateLimitSettings(**options)
-        elif options:
-            settings = RateLimitSettings.model_validate(
-                {**settings.model_dump(exclude_unset=True), **options})
+            settings = RateLimitSettings()
         self.app = app
         self.settings = settings
         self._on_denied = on_denied
@@ -104,6 +99,11 @@ class RateLimitMiddleware:
         self.slots = Slots(storage, self.limiter.guarded.fallback,
                            lease=settings.concurrency_lease, timeout=settings.storage_timeout)
         self._watches = DisconnectWatches()
+
+    @property
+    def on_denied(self) -> DeniedHook | None:
+        """The hook that makes the 429 instead of the default body, if any."""
+        return self._on_denied
 
     @property
     def storage(self) -> Storage:

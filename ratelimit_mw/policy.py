@@ -9,11 +9,11 @@ from typing import Any, Literal, get_args
 from mypy_extensions import mypyc_attr
 
 from .errors import ConfigError
-from .rates import MAX_AMOUNT, MAX_PERIOD, Rate, parse_rate, parse_rates
+from .rates import MAX_AMOUNT, MAX_PERIOD, Rate, parse_rate, split_rates
 
 __all__ = [
     "ALGORITHM_NAMES", "AlgorithmName", "Hit", "Limit", "MergedHits", "PolicyKey", "as_limits",
-    "limits_from", "merge_hits",
+    "merge_hits",
 ]
 
 AlgorithmName = Literal[
@@ -71,7 +71,7 @@ class Limit:
 
     # Written out rather than generated, the checked arguments typed object (here and in
     # the constructors below): see ``checks``.
-    def __init__(self, rate: object, algorithm: object = "sliding_window",
+    def __init__(self, rate: object, algorithm: object = "sliding_window", *,
                  burst: object = None, name: object = "") -> None:
         set_ = object.__setattr__
         rate = parse_rate(rate)
@@ -113,28 +113,20 @@ class Limit:
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Rebuilt, not copied: the cached hash is only valid in the process that made it.
-        return (type(self), (self.rate, self.algorithm, self.burst, self.name))
-
-    @classmethod
-    def parse(
-        cls, rate: object, algorithm: object = "sliding_window", *,
-        burst: object = None, name: object = "",
-    ) -> Limit:
-        """Build one limit from a rate string such as ``"10/minute"``."""
-        return cls(rate, algorithm, burst, name)
+        return (_rebuild_limit, (type(self), self.rate, self.algorithm, self.burst, self.name))
 
     @classmethod
     def concurrency(cls, capacity: object, *, lease: object = 30.0, name: object = "") -> Limit:
         """At most ``capacity`` requests in flight; a slot not given back frees itself
         after ``lease`` seconds (a worker that died mid-request)."""
-        return cls(Rate(capacity, lease), "concurrency", None,  # type: ignore[arg-type]
-                   name or "concurrent")  # (Rate checks its own arguments)
+        return cls(Rate(capacity, lease), "concurrency",  # type: ignore[arg-type]
+                   name=name or "concurrent")  # (Rate checks its own arguments)
 
     @classmethod
     def monthly(cls, amount: object, *, name: object = "") -> Limit:
         """``amount`` requests per UTC calendar month, reset on the 1st at 00:00."""
-        return cls(Rate(amount, _MONTH), "calendar_month", None,  # type: ignore[arg-type]
-                   name or "monthly")
+        return cls(Rate(amount, _MONTH), "calendar_month",  # type: ignore[arg-type]
+                   name=name or "monthly")
 
     @property
     def period(self) -> float:
@@ -153,15 +145,21 @@ class Limit:
         return f"{text} burst {self.burst}" if self.burst is not None else text
 
 
-def limits_from(
-    value: str, algorithm: object = "sliding_window", *, burst: object = None,
-) -> list[Limit]:
-    """Build one limit per rate in ``"10/minute; 1000/day"``, all with one algorithm."""
-    return [Limit(rate, algorithm, burst) for rate in parse_rates(value)]
+def _rebuild_limit(
+    cls: type[Limit], rate: Rate, algorithm: str, burst: int | None, name: str,
+) -> Limit:
+    """Unpickle a limit (its constructor's ``burst`` and ``name`` are keyword-only)."""
+    return cls(rate, algorithm, burst=burst, name=name)
 
 
-def as_limits(value: object) -> tuple[Limit, ...]:
-    """Limits from ``"10/minute; 1000/day"``, a Limit, or a sequence of both."""
+def as_limits(
+    value: object, algorithm: object = "sliding_window", *, burst: object = None,
+) -> tuple[Limit, ...]:
+    """Limits from ``"10/minute; 1000/day"``, a Limit, or a sequence of both.
+
+    ``algorithm`` and ``burst`` shape the limits given as rate strings (one limit per
+    rate); a ``Limit`` carries its own.
+    """
     if isinstance(value, Limit):
         if value.algorithm == "concurrency":
             msg = (f"{value} limits requests in flight: give the tier concurrency= "
@@ -169,11 +167,11 @@ def as_limits(value: object) -> tuple[Limit, ...]:
             raise ConfigError(msg)
         return (value,)
     if isinstance(value, str):
-        return tuple(limits_from(value))
+        return tuple(Limit(rate, algorithm, burst=burst) for rate in split_rates(value))
     if isinstance(value, Iterable):
         out: list[Limit] = []
         for item in value:
-            out.extend(as_limits(item))
+            out.extend(as_limits(item, algorithm, burst=burst))
         return tuple(out)
     msg = f"expected limits as a rate string, a Limit or a list of them, got {value!r}"
     raise ConfigError(msg)

@@ -3,8 +3,8 @@
 Mount them behind `RateLimitMiddleware` (they ask its limiter who the caller is, so
 they resolve identity exactly as the limits do)::
 
-    app = Starlette(routes=[*quota_routes()])            # Starlette
     app.include_router(quota_router())                    # FastAPI
+    app = Starlette(routes=[*quota_router().routes])     # Starlette
 
 ``GET /api/v1/account/quota``::
 
@@ -48,13 +48,12 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
 from datetime import UTC, date, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, Router
 
 from .decision import Decision
 from .errors import StorageError, describe_error
@@ -63,10 +62,7 @@ from .limiter import Limiter, limiter_of
 from .responses import error_response, iso_utc
 from .storage.base import BUCKET_SECONDS, Granularity
 
-if TYPE_CHECKING:
-    from fastapi import APIRouter
-
-__all__ = ["QuotaEndpoints", "quota_router", "quota_routes"]
+__all__ = ["quota_router"]
 
 QUOTA_PATH = "/api/v1/account/quota"
 _UNITS = {1: "second", 60: "minute", 3600: "hour", 86400: "day", 30 * 86400: "month"}
@@ -144,7 +140,7 @@ def _in_range(epoch: float, value: str, name: str) -> float:
     return epoch
 
 
-class QuotaEndpoints:
+class _QuotaEndpoints:
     """The two quota handlers (``quota`` and ``history``), as Starlette endpoints.
 
     ``allow_anonymous``: let callers known only by their IP see their quota too.
@@ -282,33 +278,22 @@ class _Report:
                 self.burst[name] = limit.burst
 
 
-def quota_routes(
-    path: str = QUOTA_PATH, *, allow_anonymous: bool = False,
-) -> list[Route]:
-    """Starlette routes: ``GET {path}`` and ``GET {path}/history``."""
-    endpoints = QuotaEndpoints(allow_anonymous=allow_anonymous)
-    return [
+def quota_router(path: str = QUOTA_PATH, *, allow_anonymous: bool = False) -> Router:
+    """A router with ``GET {path}`` and ``GET {path}/history``.
+
+    FastAPI: ``app.include_router(quota_router())`` (it is then a FastAPI
+    ``APIRouter``); Starlette: ``Starlette(routes=[*quota_router().routes])``. The
+    routes are plain Starlette routes, so they serve in either app (and stay out of
+    FastAPI's OpenAPI schema).
+    """
+    endpoints = _QuotaEndpoints(allow_anonymous=allow_anonymous)
+    routes = [
         Route(path, endpoints.quota, methods=["GET"], name="account_quota"),
         Route(f"{path}/history", endpoints.history, methods=["GET"],
               name="account_quota_history"),
     ]
-
-
-def quota_router(
-    path: str = QUOTA_PATH, *, allow_anonymous: bool = False, tags: Sequence[str] = ("quota",),
-) -> APIRouter:
-    """A FastAPI ``APIRouter`` with the same two endpoints."""
     try:
         from fastapi import APIRouter
-    except ImportError as exc:  # pragma: no cover - fastapi is an optional extra
-        msg = "quota_router needs FastAPI: pip install 'ratelimit_mw[fastapi]'"
-        raise ImportError(msg) from exc
-    endpoints = QuotaEndpoints(allow_anonymous=allow_anonymous)
-    router = APIRouter(tags=list(tags))
-    extra: dict[str, Any] = {"response_class": JSONResponse}
-    router.add_api_route(path, endpoints.quota, methods=["GET"], name="account_quota",
-                         summary="Your plan, limits and usage", **extra)
-    router.add_api_route(f"{path}/history", endpoints.history, methods=["GET"],
-                         name="account_quota_history",
-                         summary="Your usage per hour or day", **extra)
-    return router
+    except ImportError:  # a Starlette app: FastAPI is an optional extra
+        return Router(routes=routes)
+    return APIRouter(routes=list(routes))

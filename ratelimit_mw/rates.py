@@ -10,7 +10,7 @@ from limits.util import SEPARATORS, SINGLE_EXPR
 
 from .errors import ConfigError
 
-__all__ = ["Rate", "parse_rate", "parse_rates"]
+__all__ = ["Rate", "parse_rate", "split_rates"]
 
 _YEAR = 365 * 86400
 _UNITS = (("year", _YEAR), ("month", 30 * 86400), ("day", 86400), ("hour", 3600),
@@ -68,8 +68,9 @@ class Rate:
         return f"{self.amount}/{self.period:g} seconds"
 
 
-def parse_rates(value: object) -> list[Rate]:
-    """Parse one or more rates separated by ``;``, ``,`` or ``|``."""
+def split_rates(value: object) -> list[Rate]:
+    """Parse one or more rates separated by ``;``, ``,`` or ``|`` (``as_limits`` builds
+    limits from them)."""
     if not isinstance(value, str):
         msg = f"couldn't parse rate {value!r}: not a string; {_EXAMPLES}"
         raise ConfigError(msg)
@@ -104,7 +105,7 @@ def parse_rate(value: object) -> Rate:
     """Parse exactly one rate (a ``Rate`` passes through)."""
     if isinstance(value, Rate):
         return value
-    rates = parse_rates(value)
+    rates = split_rates(value)
     if len(rates) != 1:
         msg = f"expected a single rate, got {len(rates)} in {value!r}"
         raise ConfigError(msg)

@@ -17,7 +17,7 @@ from .app_routes import find_router, has_hosts, match_route, unreachable_pattern
 from .policy import Hit
 from .routes import EXEMPT, NO_ROUTE, RouteLimit, RouteRule, RouteSpec, marks_on
 
-__all__ = ["RouteTable"]
+__all__ = ["RouteTable", "dependency_calls"]
 
 
 class RouteTable:
@@ -50,6 +50,16 @@ class RouteTable:
                 marks, is_exempt, route_cost = _endpoint_marks(route, method)
                 yield _spec(path, marks, (), is_exempt, route_cost, _methods(route, method))
 
+    def declared(self) -> Iterator[tuple[str, str, Any, RouteSpec]]:
+        """``(method, path, route, spec)`` of every route the app declares, the spec as
+        a request to it resolves (its marks, the rules and exempt paths its path
+        template matches): what the OpenAPI document describes."""
+        if self._router is None:
+            return
+        for path, route in walk_routes(self._router.routes):
+            for method in _route_methods(route):
+                yield method, path, route, self._spec_of(route, method, path, path)
+
     def unreachable(self) -> list[str]:
         """The rules' and exempt paths' patterns that no route of the app can match (a
         typo, a trailing slash the routes don't have): named in a start-up warning.
@@ -71,14 +81,21 @@ class RouteTable:
         return spec
 
     def _resolve(self, scope: Scope, method: str, path: str) -> RouteSpec:
-        if any(rule.matches(method, path) for rule in self.exempt_rules):
-            return EXEMPT
-        rules = [rule for rule in self.rules if rule.matches(method, path)]
         router = self._router if self._router is not None else find_router(scope.get("app"))
         found = match_route(router.routes, scope, "") if router is not None else None
         if found is None:
-            return _spec(path, (), rules, False, None) if rules else NO_ROUTE
+            return self._spec_of(None, method, path, path)
         label, route = found
+        return self._spec_of(route, method, label, path)
+
+    def _spec_of(self, route: Any, method: str, label: str, path: str) -> RouteSpec:
+        """The spec of ``route`` (None: no route of the app) answering ``method``, for a
+        request path ``path``."""
+        if any(rule.matches(method, path) for rule in self.exempt_rules):
+            return EXEMPT
+        rules = [rule for rule in self.rules if rule.matches(method, path)]
+        if route is None:
+            return _spec(path, (), rules, False, None) if rules else NO_ROUTE
         marks, is_exempt, route_cost = _endpoint_marks(route, method)
         return _spec(label, marks, rules, is_exempt, route_cost, _methods(route, method))
 
@@ -182,14 +199,20 @@ def _endpoint_marks(route: Any, method: str) -> tuple[list[RouteLimit], bool, in
     return marks, is_exempt, route_cost
 
 
-def _dependency_marks(dependant: Any, depth: int = 0) -> Iterator[RouteLimit]:
+def _dependency_marks(dependant: Any) -> Iterator[RouteLimit]:
     """``RouteLimit`` objects used as FastAPI dependencies, at any depth."""
+    for call in dependency_calls(dependant):
+        if isinstance(call, RouteLimit):
+            yield call
+
+
+def dependency_calls(dependant: Any, depth: int = 0) -> Iterator[Any]:
+    """What a FastAPI route's dependencies call (``route.dependant``), at any depth."""
     if dependant is None or depth > 20:
         return
     for sub in getattr(dependant, "dependencies", ()):
-        if isinstance(sub.call, RouteLimit):
-            yield sub.call
-        yield from _dependency_marks(sub, depth + 1)
+        yield sub.call
+        yield from dependency_calls(sub, depth + 1)
 
 
 def _host(scope: Scope) -> str:

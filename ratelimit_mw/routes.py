@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from .checks import is_token
 from .errors import ConfigError
-from .policy import Hit, Limit, as_limits, limits_from
+from .policy import Hit, Limit, as_limits
 
 __all__ = ["RouteLimit", "RouteRule", "RouteSpec", "cost", "exempt", "limit"]
 
@@ -83,11 +83,12 @@ def limit(
     burst=20)``; ``shadow=True`` reports without blocking. ``algorithm``, ``burst`` and
     ``name`` shape limits given as a rate; ``Limit`` objects carry their own."""
     if isinstance(rates, str):
-        limits = tuple(limits_from(rates, algorithm or "sliding_window", burst=burst))
+        limits = as_limits(rates, algorithm or "sliding_window", burst=burst)
         if name:
             limits = tuple(
-                Limit(lim.rate, lim.algorithm, lim.burst, name if len(limits) == 1 else
-                      f"{name}-{i}") for i, lim in enumerate(limits, 1))
+                Limit(lim.rate, lim.algorithm, burst=lim.burst,
+                      name=name if len(limits) == 1 else f"{name}-{i}")
+                for i, lim in enumerate(limits, 1))
     else:
         if algorithm is not None or burst is not None or name:
             msg = (f"limit({rates!r}, ...): algorithm, burst and name apply to a rate such "

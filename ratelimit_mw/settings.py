@@ -85,14 +85,14 @@ class LimitConfig(_Strict):
     name: str = ""
 
     def build(self) -> Limit:
-        return Limit.parse(self.rate, self.algorithm, burst=self.burst, name=self.name)
+        return Limit(self.rate, self.algorithm, burst=self.burst, name=self.name)
 
 
 LimitsField = str | list[str | LimitConfig]
 
 
 def _limits(value: LimitsField, algorithm: str) -> list[Limit | str]:
-    from .policy import limits_from
+    from .policy import as_limits
 
     items = [value] if isinstance(value, str) else value
     out: list[Limit | str] = []
@@ -100,7 +100,7 @@ def _limits(value: LimitsField, algorithm: str) -> list[Limit | str]:
         if isinstance(item, LimitConfig):
             out.append(item.build())
         else:
-            out.extend(limits_from(item, algorithm))
+            out.extend(as_limits(item, algorithm))
     return out
 
 

@@ -31,8 +31,8 @@ class Tier:
     rate limits, in the same atomic call, and given back when the response ends
     (on Redis it is a lease that expires, so a killed worker can't hold it forever).
 
-    >>> Tier("free", [Limit.parse("10/minute", "token_bucket", burst=20, name="burst"),
-    ...               Limit.parse("1000/day", name="daily")]).names
+    >>> Tier("free", [Limit("10/minute", "token_bucket", burst=20, name="burst"),
+    ...               Limit("1000/day", name="daily")]).names
     ('burst', 'daily')
     """
 

@@ -10,15 +10,39 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import pytest
 import redis as sync_redis
 
-from ratelimit_mw import MemoryStorage, RedisStorage, Storage
+from ratelimit_mw import (
+    MemoryStorage,
+    RateLimitSettings,
+    RedisStorage,
+    Storage,
+)
 
 pytest_plugins = ["tests.redis_servers"]
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+# The middleware's own keyword arguments (compiled, its class has no signature to read).
+_MIDDLEWARE_ARGUMENTS = frozenset({
+    "settings", "storage", "tiers", "key", "tier_resolver", "rules", "on_denied",
+    "on_decision", "clock", "breaker"})
+
+
+def middleware_arguments(**options: Any) -> dict[str, Any]:
+    """The middleware's keyword arguments from a test's options: its own pass through,
+    the rest become ``settings=RateLimitSettings(...)`` (over a given ``settings``)."""
+    own = {name: value for name, value in options.items() if name in _MIDDLEWARE_ARGUMENTS}
+    fields = {name: value for name, value in options.items() if name not in own}
+    if fields:
+        given = own.get("settings")
+        base = given.model_dump(exclude_unset=True) if given is not None else {}
+        own["settings"] = RateLimitSettings.model_validate({**base, **fields})
+    return own
 
 
 def _answers(url: str) -> bool:

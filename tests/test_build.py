@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ratelimit_mw import MemoryStorage, RateLimitMiddleware, Tier
+from ratelimit_mw import MemoryStorage, RateLimitMiddleware, RateLimitSettings, Tier
 from ratelimit_mw.headers import HeaderFormat
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,7 +60,8 @@ async def _app(scope: Any, receive: Any, send: Any) -> None:
 
 
 @pytest.mark.parametrize(("cls", "args", "kwargs"), [
-    (RateLimitMiddleware, (_app,), {"tiers": [Tier("t", "5/minute")], "storage_url": "memory://"}),
+    (RateLimitMiddleware, (_app,), {"tiers": [Tier("t", "5/minute")],
+                                   "settings": RateLimitSettings(storage_url="memory://")}),
     (MemoryStorage, (), {"max_keys": 10}),
     (HeaderFormat, ("draft-11",), {}),
 ], ids=["RateLimitMiddleware", "MemoryStorage", "HeaderFormat"])

@@ -217,10 +217,17 @@ async def test_refusal_raised_inside_becomes_503(breaker: CircuitBreaker, clock:
     assert "0/0 calls failed" in repr(breaker)  # not this route's failure
 
 
-async def test_fastapi_dependency(breaker: CircuitBreaker, clock: FakeClock) -> None:
-    """The FastAPI dependency answers 503 with Retry-After and never runs the route."""
+@pytest.mark.parametrize("handled", [True, False], ids=["with-handler", "without-handler"])
+async def test_fastapi_dependency(breaker: CircuitBreaker, clock: FakeClock, handled: bool) -> None:
+    """The FastAPI dependency answers 503 with Retry-After and never runs the route; with
+    circuit_open_handler installed the body is the library's top-level one (the 429's
+    shape), without it FastAPI's own ``{"detail": ...}``."""
+    from ratelimit_mw.breaker.guard import circuit_open_handler
+
     calls = 0
     app = FastAPI()
+    if handled:
+        app.add_exception_handler(CircuitOpenError, circuit_open_handler)
 
     @app.get("/items", dependencies=[Depends(breaker_dependency(breaker))])
     async def items() -> dict[str, int]:
@@ -237,7 +244,11 @@ async def test_fastapi_dependency(breaker: CircuitBreaker, clock: FakeClock) -> 
         assert calls == 1
         assert response.status_code == 503
         assert response.headers["retry-after"] == "30"
-        assert response.json()["detail"]["error"] == "service_unavailable"
+        body = response.json() if handled else response.json()["detail"]
+        assert body == {
+            "error": "service_unavailable",
+            "message": "A service this endpoint depends on is failing; retry in 30s.",
+            "retry_after_seconds": 30, "circuit": breaker.name, "circuit_state": "open"}
         clock.advance(COOLDOWN)
         assert (await client.get("/items")).status_code == 200
 

@@ -22,7 +22,17 @@ from ._breaker import Permit
 from ._public import CircuitBreaker
 from ._state import CircuitOpenError, CircuitState, refusal_in
 
-__all__ = ["BreakerGuard", "breaker_dependency", "circuit_open_handler", "unavailable_response"]
+__all__ = [
+    "BreakerGuard",
+    "CircuitRefusal",
+    "breaker_dependency",
+    "circuit_open_handler",
+    "guarding_breaker",
+    "unavailable_response",
+]
+
+_GUARDS = "__ratelimit_breaker__"
+"""The attribute of a ``breaker_dependency`` function that holds its breaker."""
 
 
 def _retry_after(remaining: float, state: CircuitState) -> int:
@@ -263,15 +273,34 @@ def _refused_in(scope: Scope) -> bool:
     return bool(state is not None and state.get(_REFUSED))
 
 
+class CircuitRefusal(CircuitOpenError, HTTPException):
+    """The refusal ``breaker_dependency`` raises: a `CircuitOpenError`, answered by
+    `circuit_open_handler` with the library's top-level body; also an ``HTTPException``
+    (503, ``Retry-After``), so an app without that handler still answers 503."""
+
+    def __init__(self, error: CircuitOpenError) -> None:
+        CircuitOpenError.__init__(self, error.remaining, error.name, error.state)
+        content, headers = _body(error)
+        HTTPException.__init__(self, 503, detail=content, headers=headers)  # type: ignore[arg-type]
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)
+
+    def __reduce__(self) -> tuple[type[CircuitOpenError], tuple[float, str, CircuitState]]:
+        return CircuitOpenError, (self.remaining, self.name, self.state)
+
+
 def breaker_dependency(breaker: CircuitBreaker) -> Callable[[Request], Awaitable[None]]:
     """A FastAPI dependency that answers 503 while ``breaker`` refuses calls.
 
     It only looks (no trial slot is held): record outcomes where the dependency
-    is called, through the breaker. The 503 is raised as an ``HTTPException``,
-    so FastAPI's handler answers ``{"detail": {...}}`` with ``Retry-After``. The
-    breaker may still refuse the call itself (it opened meanwhile, or a request
-    beside took the one half-open trial): install the handler for that refusal,
-    or it is a 500::
+    is called, through the breaker. It raises a `CircuitRefusal`: install
+    `circuit_open_handler` (``document_limits`` does) and the 503 has the body every
+    answer of the library has, with ``Retry-After``; without it, FastAPI's own
+    handler answers the 503 as ``{"detail": {...}}``. The breaker may still refuse
+    the call itself (it opened meanwhile, or a request beside took the one
+    half-open trial): that refusal is answered by the same handler (without it,
+    a 500)::
 
         db = CircuitBreaker(name="db")
         app.add_exception_handler(CircuitOpenError, circuit_open_handler)
@@ -288,8 +317,14 @@ def breaker_dependency(breaker: CircuitBreaker) -> Callable[[Request], Awaitable
         refusal = _refusal(breaker)
         if refusal is not None:
             _mark_refused(request.scope)
-            content, headers = _body(refusal)
-            raise HTTPException(503, detail=content, headers=headers)  # type: ignore[arg-type]
+            raise CircuitRefusal(refusal)
 
     check_circuit.__name__ = f"check_circuit_{breaker.name}"
+    setattr(check_circuit, _GUARDS, breaker)
     return check_circuit
+
+
+def guarding_breaker(call: object) -> CircuitBreaker | None:
+    """The breaker of a ``breaker_dependency`` function, or None for anything else."""
+    breaker = getattr(call, _GUARDS, None)
+    return breaker if isinstance(breaker, CircuitBreaker) else None

@@ -1,7 +1,8 @@
 """Polite clients for rate-limited HTTP APIs: a retrying httpx transport and a token bucket.
 
-Needs only httpx; nothing here imports the server side of ratelimit_mw (only its
-dependency-free circuit breaker, for ``RetryTransport(breaker=...)``).
+Install with ``pip install 'ratelimit_mw[client]'`` (the base install plus httpx).
+Nothing here imports the server side of ratelimit_mw but its dependency-free circuit
+breaker (for ``RetryTransport(breaker=...)``); the parent package's top level does.
 
 >>> from ratelimit_mw.client import RetryPolicy, RetryTransport, TokenBucket
 >>> transport = RetryTransport(

@@ -73,6 +73,8 @@ class IdempotencyMiddleware:
     - first request: it runs, and its complete response (status < 500, one body
       chunk of at most ``max_response_size`` bytes) is kept for ``ttl`` seconds;
     - later, same request: that response again, with ``X-Idempotent-Replayed: true``;
+    - every answer to a keyed request (the first, a replay, a 409 or 422) carries
+      ``Idempotency-Key`` back, as the client sent it;
     - while the first still runs: 409, the handler is not run. The lock is a lease
       of ``lock_ttl`` seconds, renewed every third of it while the handler runs, so
       a crashed worker frees its keys by itself within ``lock_ttl``;
@@ -175,7 +177,8 @@ class IdempotencyMiddleware:
             raise ConfigError(msg)
         return methods, re.compile(fnmatch.translate(pattern))
 
-    def _is_required(self, method: str, path: str) -> bool:
+    def requires_key(self, method: str, path: str) -> bool:
+        """True when a ``method`` request to ``path`` must carry an Idempotency-Key."""
         return any(method in methods and pattern.match(path) for methods, pattern in self._required)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -187,7 +190,7 @@ class IdempotencyMiddleware:
         values = [value.decode("latin-1") for name, value in scope["headers"]
                   if name == b"idempotency-key"]
         if not values:
-            if self._is_required(method, path):
+            if self.requires_key(method, path):
                 message = f"{method} {path} requires an Idempotency-Key header (e.g. a UUID)"
                 await _answer(400, "idempotency_key_missing", message)(scope, receive, send)
                 return
@@ -203,7 +206,9 @@ class IdempotencyMiddleware:
         if owner is None:
             await self.app(scope, receive, send)
             return
-        await self._keyed(scope, receive, send, record_key(owner, key))
+        # Every answer to a keyed request carries the key back, as the client sent it.
+        echo = (b"idempotency-key", values[0].strip(" \t").encode("latin-1"))
+        await self._keyed(scope, receive, _adding_header(send, echo), record_key(owner, key))
 
     async def _owner(self, scope: Scope) -> str | None:
         """Whose records this request may share (None: no idempotency for it)."""
@@ -359,6 +364,16 @@ class IdempotencyMiddleware:
         except StorageError as exc:
             # The lease expires by itself after lock_ttl.
             _log.error("could not release an idempotency key: %s", exc)
+
+
+def _adding_header(send: Send, header: tuple[bytes, bytes]) -> Send:
+    """A send that adds ``header`` to the response (the stored one stays without it)."""
+    async def adding(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), header]}
+        await send(message)
+
+    return adding
 
 
 def _replaying(body: bytes, receive: Receive) -> Receive:

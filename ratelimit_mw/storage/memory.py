@@ -102,7 +102,7 @@ class MemoryStorage(Storage):
     >>> import asyncio
     >>> from ratelimit_mw import Hit, Limit
     >>> storage = MemoryStorage()
-    >>> asyncio.run(storage.decide("client-1", [Hit(Limit.parse("2/minute"))])).allowed
+    >>> asyncio.run(storage.decide("client-1", [Hit(Limit("2/minute"))])).allowed
     True
     """
 

@@ -37,7 +37,7 @@ class Timeline:
         app = Starlette(routes=[Route("/hello", hello)])
         app.add_middleware(
             RateLimitMiddleware,
-            tiers=[Tier("t", [Limit.parse("10/minute", "token_bucket", burst=5, name="b")])],
+            tiers=[Tier("t", [Limit("10/minute", "token_bucket", burst=5, name="b")])],
             storage=MemoryStorage(clock=self.clock), clock=self.clock,
         )
 

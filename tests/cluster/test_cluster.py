@@ -13,7 +13,9 @@ from collections.abc import AsyncIterator, Awaitable
 
 import pytest
 
-from ratelimit_mw import ALGORITHM_NAMES, Hit, Limit, RedisStorage, StorageError, Verdict
+from ratelimit_mw import Hit, Limit, RedisStorage, StorageError
+from ratelimit_mw.decision import Verdict
+from ratelimit_mw.policy import ALGORITHM_NAMES
 from ratelimit_mw.storage.keys import redis_key
 from tests.engine.test_storage import limit_for
 from tests.redis_servers import ClusterDeployment, StorageFactory, storage_factory
@@ -83,7 +85,7 @@ async def test_noscript_on_fresh_nodes_reloads_the_script(
     storage: RedisStorage, redis_cluster: ClusterDeployment,
 ) -> None:
     """After SCRIPT FLUSH on every node (a restart, a new node) decisions go on, exactly."""
-    hit = Hit(Limit.parse("3/minute", "sliding_log"))
+    hit = Hit(Limit("3/minute", "sliding_log"))
     assert (await storage.decide("flushed", [hit])).allowed
     for node in redis_cluster.nodes:
         node.call("SCRIPT", "FLUSH")
@@ -95,7 +97,7 @@ async def test_a_moved_slot_is_followed_transparently(
     storage: RedisStorage, redis_cluster: ClusterDeployment,
 ) -> None:
     """Resharding the slot of a key (MOVED) changes nothing for the caller, counts included."""
-    hit = Hit(Limit.parse("5/minute", "fixed_window"))
+    hit = Hit(Limit("5/minute", "fixed_window"))
     for _ in range(2):
         await storage.decide("mover", [hit])
     slot = ClusterDeployment.slot(redis_key(storage.prefix, "mover", "", hit.limit.uid))
@@ -110,7 +112,7 @@ async def test_a_slot_in_migration_is_followed_through_ask(
     storage: RedisStorage, redis_cluster: ClusterDeployment,
 ) -> None:
     """While a slot migrates (keys already moved: ASK) decisions still count exactly."""
-    hit = Hit(Limit.parse("4/minute", "gcra", burst=4))
+    hit = Hit(Limit("4/minute", "gcra", burst=4))
     await storage.decide("asker", [hit])
     slot = ClusterDeployment.slot(redis_key(storage.prefix, "asker", "", hit.limit.uid))
     target = redis_cluster.nodes[other_node(redis_cluster, slot)]
@@ -129,7 +131,7 @@ async def test_usage_history_does_not_stop_a_migrating_slots_decisions(
     usage buckets share their slot): while the slot migrates, a caller whose counters
     exist decides, keys on the source and keys moved alike. (The never-existing usage
     prefix was declared too: Redis answered TRYAGAIN until the slot had moved.)"""
-    hits = [Hit(Limit.parse("100/minute", "fixed_window")), Hit(Limit.parse("1000/day"))]
+    hits = [Hit(Limit("100/minute", "fixed_window")), Hit(Limit("1000/day"))]
     assert (await storage.decide("historian", hits, usage=True)).allowed
     slot = ClusterDeployment.slot(redis_key(storage.prefix, "historian", "", "u"))
     target = redis_cluster.nodes[other_node(redis_cluster, slot)]
@@ -152,7 +154,7 @@ async def test_resharding_under_load_never_raises_anything_else(
     """Slots moving back and forth under 2000 decisions: verdicts or StorageError, never more
     admitted than the limit, and exact again once the slot settles."""
     storage = make(max_connections=20)
-    hit = Hit(Limit.parse("300/hour", "sliding_window"))
+    hit = Hit(Limit("300/hour", "sliding_window"))
     slot = ClusterDeployment.slot(redis_key("p:", "busy", "", "u"))  # the tag decides the slot
 
     def reshard() -> None:
@@ -179,7 +181,7 @@ async def test_a_node_killed_under_load_gives_storage_errors_then_recovers(
     """A node killed while 60 identities are decided at once, then restarted: verdicts or
     StorageError meanwhile, nothing else; then every decision succeeds again."""
     storage = make(max_connections=20, timeout=0.5)
-    hit = Hit(Limit.parse("100000/hour"))
+    hit = Hit(Limit("100000/hour"))
     node = redis_cluster.owner(ClusterDeployment.slot(redis_key("p:", "id0", "", "u")))
     results: list[Verdict | StorageError] = []
 
@@ -219,5 +221,5 @@ async def test_unreachable_cluster_is_a_storage_error(make: StorageFactory) -> N
     async with storage_factory(f"redis+cluster://127.0.0.1:{free_port()}") as dead_factory:
         dead = dead_factory(timeout=0.2)
         with pytest.raises(StorageError):
-            await dead.decide("x", [Hit(Limit.parse("1/second"))])
+            await dead.decide("x", [Hit(Limit("1/second"))])
         assert not await dead.ping()

@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from ratelimit_mw import Hit, Limit, RedisStorage, StorageError, Verdict
+from ratelimit_mw import Hit, Limit, RedisStorage, StorageError
+from ratelimit_mw.decision import Verdict
 from tests.redis_servers import SentinelDeployment, StorageFactory, storage_factory
 
 
@@ -27,7 +28,7 @@ async def test_decides_on_the_primary_and_replicates(
     """The counters live on the primary Sentinel names, and reach the replica."""
     storage = make()
     assert isinstance(storage, RedisStorage)
-    assert (await storage.decide("sam", [Hit(Limit.parse("5/minute"))])).allowed
+    assert (await storage.decide("sam", [Hit(Limit("5/minute"))])).allowed
     primary = redis_sentinel.current_primary()
     replica = next(node for node in redis_sentinel.data_nodes if node is not primary)
     assert primary.call("KEYS", storage.prefix + "*")
@@ -40,7 +41,7 @@ async def test_an_unknown_service_is_a_storage_error(redis_sentinel_url: str) ->
     async with storage_factory(redis_sentinel_url.rsplit("/", 1)[0] + "/nosuch") as factory:
         storage = factory(timeout=0.5)
         with pytest.raises(StorageError, match="nosuch"):
-            await storage.decide("x", [Hit(Limit.parse("1/second"))])
+            await storage.decide("x", [Hit(Limit("1/second"))])
         assert not await storage.ping()
 
 
@@ -52,7 +53,7 @@ async def test_limits_survive_a_failover(
     within seconds, then the same counters go on, exactly."""
     redis_sentinel.wait_until_ready()
     storage = make(timeout=0.5)
-    hit = Hit(Limit.parse("1000/hour", "sliding_window"))
+    hit = Hit(Limit("1000/hour", "sliding_window"))
     for _ in range(10):
         assert (await storage.decide("fay", [hit])).allowed
     old = redis_sentinel.current_primary()
@@ -82,7 +83,7 @@ async def test_a_full_pool_queues_instead_of_failing(make: StorageFactory) -> No
     """With max_connections, batches in flight at once wait for a connection instead of
     failing: every decision is answered, and counted exactly."""
     storage = make(max_connections=1, timeout=2.0)
-    hit = Hit(Limit.parse("50/hour", "fixed_window"))
+    hit = Hit(Limit("50/hour", "fixed_window"))
 
     async def later(i: int) -> Verdict:
         for _ in range(i % 7):  # spread over several event-loop ticks: several batches

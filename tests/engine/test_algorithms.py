@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ratelimit_mw import ALGORITHM_NAMES, Limit
+from ratelimit_mw import Limit
 from ratelimit_mw.algorithms import ALGORITHMS, NEVER_US, decide, run
+from ratelimit_mw.policy import ALGORITHM_NAMES
 
 START = 1_700_000_040_000_000  # a multiple of every window below: windows start here
 S = 1_000_000
@@ -35,7 +36,7 @@ def run_table(limit: Limit, rows: list[Row]) -> None:
 
 def test_gcra_matches_the_redis_cell_table() -> None:
     """GCRA with capacity 5 at 1/s answers as redis-cell's own test table does."""
-    run_table(Limit.parse("1/second", "gcra", burst=5), [
+    run_table(Limit("1/second", "gcra", burst=5), [
         (0, 6, False, 5, 0, -1),        # larger than the burst: never
         (0, 1, True, 4, 1, 0),
         (0, 1, True, 3, 2, 0),
@@ -66,7 +67,7 @@ def test_gcra_keeps_the_rate_exactly(rate: str, burst: int) -> None:
     pace, not a pace rounded to whole microseconds: the n-th unit after the burst is
     due n * period / amount after it, to the microsecond (within 0.03 % where the
     ticks had to be coarser than the rate's own)."""
-    limit = Limit.parse(rate, "gcra", burst=burst)
+    limit = Limit(rate, "gcra", burst=burst)
     exact = limit.period_us * burst <= 2**52
     state = decide(None, START, limit, burst).state
     now = START
@@ -106,7 +107,7 @@ def test_gcra_ticks_keep_every_sum_exact_in_doubles(
 
 def test_token_bucket_table() -> None:
     """A bucket of 3 refilled at 1 token per 2 s: burst, then the sustained pace."""
-    run_table(Limit.parse("1/2 seconds", "token_bucket", burst=3), [
+    run_table(Limit("1/2 seconds", "token_bucket", burst=3), [
         (0, 4, False, 3, 0, -1),
         (0, 1, True, 2, 2, 0),
         (0, 2, True, 0, 6, 0),
@@ -121,7 +122,7 @@ def test_token_bucket_table() -> None:
 
 def test_fixed_window_table() -> None:
     """3 per 10 s: the window is aligned, and resets all at once."""
-    run_table(Limit.parse("3/10 seconds", "fixed_window"), [
+    run_table(Limit("3/10 seconds", "fixed_window"), [
         (0, 4, False, 3, 0, -1),
         (1, 2, True, 1, 9, 0),
         (2, 1, True, 0, 8, 0),
@@ -134,7 +135,7 @@ def test_fixed_window_table() -> None:
 
 def test_sliding_log_table() -> None:
     """3 per 10 s, each unit expiring 10 s after it was admitted."""
-    run_table(Limit.parse("3/10 seconds", "sliding_log"), [
+    run_table(Limit("3/10 seconds", "sliding_log"), [
         (0, 4, False, 3, 0, -1),
         (0, 1, True, 2, 10, 0),
         (4, 2, True, 0, 10, 0),
@@ -147,7 +148,7 @@ def test_sliding_log_table() -> None:
 
 def test_sliding_window_table() -> None:
     """10 per 10 s: the previous window counts in proportion to its overlap."""
-    run_table(Limit.parse("10/10 seconds", "sliding_window"), [
+    run_table(Limit("10/10 seconds", "sliding_window"), [
         (0, 11, False, 10, 0, -1),
         (5, 8, True, 2, 15, 0),
         (10, 2, True, 0, 20, 0),        # previous 8 weighs 8, current 2
@@ -160,8 +161,8 @@ def test_sliding_window_table() -> None:
 
 def _limit(algorithm: str, amount: int, period: int, burst: int | None) -> Limit:
     burstable = algorithm in ("token_bucket", "gcra")
-    return Limit(Limit.parse(f"{amount}/{period} seconds").rate, algorithm,  # type: ignore[arg-type]
-                 burst if burstable else None)
+    return Limit(Limit(f"{amount}/{period} seconds").rate, algorithm,  # type: ignore[arg-type]
+                 burst=burst if burstable else None)
 
 
 steps = st.lists(st.tuples(st.integers(0, 4 * S), st.integers(0, 4)), min_size=1, max_size=30)
@@ -237,7 +238,7 @@ def test_cost_zero_never_changes_state(algorithm: str) -> None:
     assert decide(state, now, limit, 0).remaining == 1
 
 
-_EVERY_KIND = [*(Limit.parse("7/minute", name, burst=9 if name in ("token_bucket", "gcra")
+_EVERY_KIND = [*(Limit("7/minute", name, burst=9 if name in ("token_bucket", "gcra")
                              else None) for name in ALGORITHM_NAMES),
                Limit.concurrency(3), Limit.monthly(7)]
 

@@ -46,8 +46,8 @@ async def test_quota_resets_on_the_first(storage: Storage, clock: FakeClock) -> 
 def test_monthly_rate_must_say_month() -> None:
     """calendar_month with a non-monthly rate is refused with the fix in the message."""
     with pytest.raises(ConfigError, match="'5/month'"):
-        Limit.parse("5/day", "calendar_month")
-    assert Limit.parse("5/month", "calendar_month").uid == Limit.monthly(5).uid
+        Limit("5/day", "calendar_month")
+    assert Limit("5/month", "calendar_month").uid == Limit.monthly(5).uid
 
 
 async def test_memory_and_redis_agree_across_months(redis_url: str, redis_prefix: str) -> None:
@@ -56,7 +56,7 @@ async def test_memory_and_redis_agree_across_months(redis_url: str, redis_prefix
     clock = FakeClock(ts("2027-11-30T20:00:00"))
     memory = MemoryStorage(clock=clock)
     redis_storage = on_clock(RedisStorage.from_url(redis_url, prefix=redis_prefix), clock)
-    hits = [Hit(Limit.monthly(5)), Hit(Limit.parse("3/day", "fixed_window"))]
+    hits = [Hit(Limit.monthly(5)), Hit(Limit("3/day", "fixed_window"))]
     try:
         for step in range(500):
             clock.advance(rng.choice([1, 3600, 6 * 3600, 2 * 86400]))

@@ -55,7 +55,7 @@ async def test_a_usage_out_of_range_is_refused_and_charges_nothing(
 ) -> None:
     """A usage Redis can't count is refused before anything is charged (Redis used to
     charge the limits, then fail on the usage buckets)."""
-    limit = Limit.parse("5/minute")
+    limit = Limit("5/minute")
     with pytest.raises(ConfigError, match="usage must be a whole number of units"):
         await storage.decide("k", [Hit(limit)], usage=usage)
     assert (await storage.peek("k", [Hit(limit)])).decisions[0].remaining == 5
@@ -75,7 +75,7 @@ async def test_a_lease_expires_if_never_given_back(storage: Storage, clock: Fake
 async def test_full_slots_consume_no_rate_and_denied_rates_take_no_slot(storage: Storage) -> None:
     """Slots and rate limits are all-or-nothing together."""
     slots = Hit(Limit.concurrency(1))
-    rate = Hit(Limit.parse("2/minute", "fixed_window"))
+    rate = Hit(Limit("2/minute", "fixed_window"))
     held = await storage.decide("k", [rate, slots])
     assert held.allowed
     assert not (await storage.decide("k", [rate, slots])).allowed  # slot full
@@ -101,8 +101,8 @@ async def test_usage_counts_admitted_requests_per_hour_and_day(
     """History buckets add up to the admitted requests; denials are not counted."""
     clock.now = 1_800_000_000 - 1_800_000_000 % DAY  # midnight UTC, in the future
     start = clock.now
-    limit = Hit(Limit.parse("1000/day", "fixed_window"))
-    tight = Hit(Limit.parse("3/hour", "fixed_window"), scope="tight")
+    limit = Hit(Limit("1000/day", "fixed_window"))
+    tight = Hit(Limit("3/hour", "fixed_window"), scope="tight")
     made = {0: 2, 1: 3, 5: 1}
     for hour, count in made.items():
         clock.now = start + hour * HOUR + 60
@@ -152,7 +152,7 @@ async def test_slots_agree_on_memory_and_redis(
     memory = MemoryStorage(clock=clock)
     redis_storage = on_clock(RedisStorage.from_url(redis_url, prefix=redis_prefix), clock)
     slots = Hit(Limit.concurrency(3, lease=2))
-    rate = Hit(Limit.parse("20/10 seconds", "sliding_window"))
+    rate = Hit(Limit("20/10 seconds", "sliding_window"))
     held: list[tuple[object, object]] = []
     try:
         for step in range(400):

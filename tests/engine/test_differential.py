@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from ratelimit_mw import ALGORITHM_NAMES, Hit, Limit, MemoryStorage, RedisStorage, Verdict
+from ratelimit_mw import Hit, Limit, MemoryStorage, RedisStorage
+from ratelimit_mw.decision import Verdict
+from ratelimit_mw.policy import ALGORITHM_NAMES
 from tests.conftest import FakeClock, on_clock
 
 
@@ -21,7 +23,7 @@ def _limits(algorithm: str, rng: random.Random) -> list[Limit]:
     for _ in range(3):
         amount, period = rng.randint(1, 8), rng.choice([1, 2, 3, 7, 10, 60])
         burst = rng.randint(1, 10) if algorithm in ("token_bucket", "gcra") else None
-        made.append(Limit.parse(f"{amount}/{period} seconds", algorithm, burst=burst))
+        made.append(Limit(f"{amount}/{period} seconds", algorithm, burst=burst))
     return made
 
 
@@ -92,7 +94,7 @@ async def test_a_sliding_log_counts_units_from_before_the_clock_stepped_back() -
     from 5 s still counts, so a cost of 2 waits until 15 s."""
     clock = FakeClock(1_700_000_005.0)
     memory = MemoryStorage(clock=clock)
-    hit = Hit(Limit.parse("2/10 seconds", "sliding_log"))
+    hit = Hit(Limit("2/10 seconds", "sliding_log"))
     assert (await memory.decide("k", [hit])).allowed
     clock.now -= 5.0
     assert (await memory.decide("k", [hit])).allowed
@@ -112,7 +114,7 @@ async def test_a_token_bucket_denies_at_once_after_the_clock_stepped_back(
     clock = FakeClock(1_700_000_000.0)
     memory = MemoryStorage(clock=clock)
     redis_storage = on_clock(RedisStorage.from_url(redis_url, prefix=redis_prefix), clock)
-    limit = Limit.parse("10/second", "token_bucket")
+    limit = Limit("10/second", "token_bucket")
     try:
         for storage in (memory, redis_storage):
             clock.now = 1_700_000_000.0
@@ -136,7 +138,7 @@ async def test_a_huge_sliding_window_finds_its_retry_at_once_and_exactly(
     memory storage alike, within a moment, not after seconds of stepping a microsecond
     at a time while Redis answers nobody), it is the same on both, and it is exact."""
     clock = FakeClock(1_700_006_400.0)  # a day boundary
-    limit = Limit.parse("1000000000000/day", "sliding_window")
+    limit = Limit("1000000000000/day", "sliding_window")
     memory = MemoryStorage(clock=clock)
     redis_storage = on_clock(RedisStorage.from_url(redis_url, prefix=redis_prefix), clock)
     try:
@@ -173,7 +175,7 @@ async def test_a_sliding_log_takes_a_large_cost_in_one_call(
     members go in ZADDs of a few hundred: one of 4000 pairs broke the script halfway,
     after the window limit beside it had already been charged)."""
     clock = FakeClock(1_700_000_000.0)
-    limits = [Limit.parse("100000/hour", "fixed_window"), Limit.parse("20000/hour", "sliding_log")]
+    limits = [Limit("100000/hour", "fixed_window"), Limit("20000/hour", "sliding_log")]
     memory = MemoryStorage(clock=clock)
     redis_storage = on_clock(RedisStorage.from_url(redis_url, prefix=redis_prefix), clock)
     try:
@@ -203,7 +205,7 @@ async def test_gcra_counts_fractions_of_a_microsecond_alike(
     clock = FakeClock(1_700_000_000 + rng.random())
     memory = MemoryStorage(clock=clock)
     redis_storage = on_clock(RedisStorage.from_url(redis_url, prefix=redis_prefix), clock)
-    limit = Limit.parse(rate, "gcra", burst=burst)
+    limit = Limit(rate, "gcra", burst=burst)
     interval = limit.period / limit.amount
     try:
         for step in range(300):
@@ -223,7 +225,7 @@ async def test_gcra_with_coarser_ticks_stays_exact_near_its_capacity(
     full bucket: every sum stays exact in Lua's doubles, so Redis and memory agree and
     waiting exactly retry_after admits (the interval rounded up once pushed the sums
     past 2**53, and Redis's wait came a microsecond early)."""
-    limit = Limit.parse("494300432/day", "gcra", burst=920165305740)
+    limit = Limit("494300432/day", "gcra", burst=920165305740)
     rng = random.Random(3)
     for trial in range(30):
         clock = FakeClock(1_700_000_000 + trial * 1000)
@@ -263,7 +265,7 @@ async def test_gcra_reads_the_state_earlier_versions_wrote(
     clock = FakeClock(1_700_000_000.0)
     redis_storage = on_clock(RedisStorage.from_url(redis_url, prefix=redis_prefix), clock)
     raw = aioredis.Redis.from_url(redis_url)
-    limit = Limit.parse("1/second", "gcra", burst=2)
+    limit = Limit("1/second", "gcra", burst=2)
     try:
         # Both units taken: the TAT is two seconds ahead.
         await raw.set(redis_key(redis_prefix, "k", "", limit.uid), "1700000002000000")

@@ -11,7 +11,7 @@ from tests.conftest import FakeClock
 async def test_max_keys_evicts_the_least_recently_used(clock: FakeClock) -> None:
     """Beyond max_keys the coldest identity goes; a hot one stays."""
     storage = MemoryStorage(max_keys=100, clock=clock)
-    hit = Hit(Limit.parse("1/hour", "fixed_window"))
+    hit = Hit(Limit("1/hour", "fixed_window"))
     await storage.decide("hot", [hit])
     for i in range(1000):
         await storage.decide(f"flood-{i}", [hit])
@@ -25,7 +25,7 @@ async def test_max_keys_evicts_the_least_recently_used(clock: FakeClock) -> None
 async def test_expired_state_is_reclaimed(clock: FakeClock) -> None:
     """Identities whose counters have all expired are dropped as new ones arrive."""
     storage = MemoryStorage(clock=clock)
-    hit = Hit(Limit.parse("5/second", "sliding_log"))
+    hit = Hit(Limit("5/second", "sliding_log"))
     for i in range(50):
         await storage.decide(f"old-{i}", [hit])
     assert len(storage) == 50
@@ -38,7 +38,7 @@ async def test_expired_state_is_reclaimed(clock: FakeClock) -> None:
 async def test_denied_and_peeked_requests_store_nothing(clock: FakeClock) -> None:
     """Only admitted requests with a cost create state."""
     storage = MemoryStorage(clock=clock)
-    limit = Limit.parse("1/minute")
+    limit = Limit("1/minute")
     await storage.peek("peeker", [Hit(limit)])
     await storage.decide("never", [Hit(limit, 5)])
     assert len(storage) == 0
@@ -60,7 +60,7 @@ async def test_hourly_history_kept_longer_than_the_daily_one_survives() -> None:
     """With more hours kept than days (48 hours, 1 day), a caller's hourly buckets stay
     for their own retention: the caller is not forgotten when its daily one ends (as
     Redis keeps each bucket for its own)."""
-    from ratelimit_mw import UsageRetention
+    from ratelimit_mw.storage.base import UsageRetention
 
     midnight = 1_800_000_000 - 1_800_000_000 % 86400
     clock = FakeClock(midnight + 10 * 3600.0)
@@ -77,7 +77,7 @@ async def test_hourly_history_kept_longer_than_the_daily_one_survives() -> None:
 async def test_usage_history_stays_within_its_retention() -> None:
     """A key counted for weeks keeps no more hourly and daily buckets than the retention
     (memory stays bounded), and still reports the newest ones exactly."""
-    from ratelimit_mw import UsageRetention
+    from ratelimit_mw.storage.base import UsageRetention
 
     clock = FakeClock(1_800_000_000.0 - 1_800_000_000 % 86400)
     storage = MemoryStorage(clock=clock, usage_retention=UsageRetention(hours=5, days=3))

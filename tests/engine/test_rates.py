@@ -7,8 +7,9 @@ import re
 
 import pytest
 
-from ratelimit_mw import ConfigError, Hit, Limit, Rate, limits_from, parse_rate, parse_rates
-from ratelimit_mw.rates import MAX_AMOUNT, MAX_PERIOD
+from ratelimit_mw import ConfigError, Hit, Limit
+from ratelimit_mw.policy import as_limits
+from ratelimit_mw.rates import MAX_AMOUNT, MAX_PERIOD, Rate, parse_rate, split_rates
 
 
 @pytest.mark.parametrize(
@@ -26,7 +27,7 @@ from ratelimit_mw.rates import MAX_AMOUNT, MAX_PERIOD
 )
 def test_parses_rate_notation(text: str, expected: list[Rate]) -> None:
     """Every notation of the limits package gives the same amount and period."""
-    assert parse_rates(text) == expected
+    assert split_rates(text) == expected
 
 
 @pytest.mark.parametrize(
@@ -37,13 +38,13 @@ def test_parses_rate_notation(text: str, expected: list[Rate]) -> None:
 def test_rejects_bad_rates_naming_them(text: str) -> None:
     """A bad rate is a ConfigError whose message quotes the string."""
     with pytest.raises(ConfigError, match=re.escape(repr(text))):
-        parse_rates(text)
+        split_rates(text)
 
 
 def test_non_string_rate_is_rejected() -> None:
     """A number where a rate string belongs fails with a clear error."""
     with pytest.raises(ConfigError, match="not a string"):
-        parse_rates(10)  # type: ignore[arg-type]
+        split_rates(10)  # type: ignore[arg-type]
 
 
 def test_parse_rate_wants_exactly_one() -> None:
@@ -87,24 +88,24 @@ def test_rates_beyond_what_can_be_counted_exactly_are_refused(text: str, match: 
     (Redis's Lua counts microseconds in doubles, which lose whole microseconds far
     enough out; its searches for the retry time would then never end)."""
     with pytest.raises(ConfigError, match=match):
-        Limit.parse(text)
+        Limit(text)
 
 
 def test_the_longest_rates_are_accepted() -> None:
     """The bounds themselves pass: ten years, a trillion requests, a ten-year refill."""
     assert Rate(1, MAX_PERIOD).period == MAX_PERIOD
-    assert Limit.parse(f"{MAX_AMOUNT}/second").capacity == MAX_AMOUNT
+    assert Limit(f"{MAX_AMOUNT}/second").capacity == MAX_AMOUNT
     assert Limit(Rate(1, 86400), "token_bucket", burst=3650).capacity == 3650
     with pytest.raises(ConfigError, match=r"3,651 days to refill from empty, more than ten years"):
         Limit(Rate(1, 86400), "token_bucket", burst=3651)
     with pytest.raises(ConfigError, match="would take 694,444 days to refill"):
-        Limit.parse("1/minute", "gcra", burst=1_000_000_000)
+        Limit("1/minute", "gcra", burst=1_000_000_000)
 
 
-def test_limit_parse_and_defaults() -> None:
-    """Limit.parse builds a limit; capacity is the burst for buckets, else the amount."""
-    bucket = Limit.parse("10/minute", "token_bucket", burst=20)
-    window = Limit.parse("10/minute")
+def test_limit_from_a_rate_string_and_defaults() -> None:
+    """Limit builds from a rate string; capacity is the burst for buckets, else the amount."""
+    bucket = Limit("10/minute", "token_bucket", burst=20)
+    window = Limit("10/minute")
     assert (bucket.capacity, bucket.algorithm, bucket.period) == (20, "token_bucket", 60)
     assert (window.capacity, window.algorithm) == (10, "sliding_window")
     assert str(bucket) == "token_bucket 10/minute burst 20"
@@ -117,46 +118,53 @@ def test_limit_parse_and_defaults() -> None:
 )
 def test_algorithm_aliases(alias: str, name: str) -> None:
     """Common spellings of the algorithms are accepted."""
-    assert Limit.parse("1/second", alias).algorithm == name
+    assert Limit("1/second", alias).algorithm == name
 
 
 def test_unknown_algorithm_is_named() -> None:
     """An unknown algorithm fails when the limit is built, naming it and the known ones."""
     with pytest.raises(ConfigError, match=r"unknown algorithm 'bogus'.*gcra"):
-        Limit.parse("1/second", "bogus")
+        Limit("1/second", "bogus")
 
 
 @pytest.mark.parametrize("burst", [0, -1, 2.5])
 def test_bad_burst(burst: object) -> None:
     """A burst must be a positive integer."""
     with pytest.raises(ConfigError, match="burst"):
-        Limit.parse("1/second", "gcra", burst=burst)  # type: ignore[arg-type]
+        Limit("1/second", "gcra", burst=burst)  # type: ignore[arg-type]
 
 
 def test_burst_only_for_buckets() -> None:
     """A burst on a window algorithm is a mistake, reported as such."""
     with pytest.raises(ConfigError, match="only applies to token_bucket and gcra"):
-        Limit.parse("1/second", "fixed_window", burst=5)
+        Limit("1/second", "fixed_window", burst=5)
 
 
 @pytest.mark.parametrize("cost", [-1, 1.5, "2", True])
 def test_bad_cost_fails_when_the_hit_is_built(cost: object) -> None:
     """A negative or non-integer cost fails when the hit is built, not per request."""
     with pytest.raises(ConfigError, match="cost"):
-        Hit(Limit.parse("1/second"), cost)  # type: ignore[arg-type]
+        Hit(Limit("1/second"), cost)  # type: ignore[arg-type]
 
 
-def test_limits_from_splits_rates() -> None:
-    """limits_from builds one limit per rate, with one algorithm."""
-    built = limits_from("10/minute; 1000/day", "fixed_window")
-    assert [(lim.rate, lim.algorithm) for lim in built] == [
-        (Rate(10, 60), "fixed_window"), (Rate(1000, 86400), "fixed_window")]
+def test_as_limits_splits_rates() -> None:
+    """as_limits builds one limit per rate, with one algorithm and burst."""
+    built = as_limits("10/minute; 1000/day", "gcra", burst=30)
+    assert [(lim.rate, lim.algorithm, lim.burst) for lim in built] == [
+        (Rate(10, 60), "gcra", 30), (Rate(1000, 86400), "gcra", 30)]
+
+
+def test_as_limits_keeps_a_limits_own_shape() -> None:
+    """In a list, a Limit keeps its algorithm while the rate strings take the given one."""
+    built = as_limits([Limit("5/second", "token_bucket", burst=9), "1/minute"], "fixed_window")
+    assert [str(lim) for lim in built] == [
+        "token_bucket 5/second burst 9", "fixed_window 1/minute"]
 
 
 def test_uid_ignores_the_display_name() -> None:
     """Counters are identified by shape, so renaming a policy keeps its counter."""
-    assert Limit.parse("5/minute", name="a").uid == Limit.parse("5/minute", name="b").uid
-    assert Limit.parse("5/minute").uid != Limit.parse("5/minute", "fixed_window").uid
+    assert Limit("5/minute", name="a").uid == Limit("5/minute", name="b").uid
+    assert Limit("5/minute").uid != Limit("5/minute", "fixed_window").uid
 
 
 def test_a_limit_unpickled_in_another_process_hashes_like_a_fresh_one() -> None:
@@ -167,13 +175,13 @@ def test_a_limit_unpickled_in_another_process_hashes_like_a_fresh_one() -> None:
     import sys
 
     code = ("import pickle, sys; from ratelimit_mw import Limit; "
-            "sys.stdout.buffer.write(pickle.dumps(Limit.parse('5/minute', 'token_bucket', "
+            "sys.stdout.buffer.write(pickle.dumps(Limit('5/minute', 'token_bucket', "
             "burst=9, name='burst')))")
     for seed in ("1", "2"):
         data = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True,
                               env={**os.environ, "PYTHONHASHSEED": seed}).stdout
         limit = pickle.loads(data)
-        fresh = Limit.parse("5/minute", "token_bucket", burst=9, name="burst")
+        fresh = Limit("5/minute", "token_bucket", burst=9, name="burst")
         assert limit == fresh and hash(limit) == hash(fresh) and limit in {fresh}
 
 
@@ -184,7 +192,7 @@ def test_limits_and_hits_pickle_copy_and_stay_frozen() -> None:
     import dataclasses
     import pickle
 
-    limit = Limit.parse("10/minute", "token_bucket", burst=20, name="burst")
+    limit = Limit("10/minute", "token_bucket", burst=20, name="burst")
     hit = Hit(limit, 3, "POST /reports")
     for twin in (pickle.loads(pickle.dumps(hit)), copy.copy(hit), copy.deepcopy(hit)):
         assert twin == hit and hash(twin) == hash(hit)
@@ -201,12 +209,12 @@ def test_limits_and_hits_pickle_copy_and_stay_frozen() -> None:
 
 @pytest.mark.parametrize(("build", "match"), [
     (lambda: Limit(10), "couldn't parse rate 10"),  # type: ignore[arg-type]
-    (lambda: Limit.parse("1/second", None), "unknown algorithm None"),
+    (lambda: Limit("1/second", None), "unknown algorithm None"),
     (lambda: Limit.concurrency(2.5), "2.5"),
     (lambda: Limit.monthly("5"), "'5'"),
-    (lambda: limits_from("1/second", "gcra", burst="9"), "burst must be a positive integer"),
+    (lambda: as_limits("1/second", "gcra", burst="9"), "burst must be a positive integer"),
     (lambda: Hit("1/second"), "Hit needs a Limit, got '1/second'"),  # type: ignore[arg-type]
-    (lambda: Hit(Limit.parse("1/second"), 1, 7), "scope must be a string, got 7"),
+    (lambda: Hit(Limit("1/second"), 1, 7), "scope must be a string, got 7"),
 ])
 def test_bad_arguments_fail_with_a_config_error_naming_them(build: object, match: str) -> None:
     """Every way to build a limit or a hit checks its arguments itself, in the compiled
@@ -225,7 +233,7 @@ def test_limits_and_hits_can_be_subclassed() -> None:
     class Weighted(Hit):
         pass
 
-    limit = Named.parse("5/minute", name="five")
+    limit = Named("5/minute", name="five")
     hit = Weighted(limit, 2)
     assert type(limit) is Named and limit.label() == "five!" and limit.capacity == 5
     assert hit.cost == 2 and hit.slot == ("", limit.uid) and hit == Weighted(limit, 2)

@@ -27,7 +27,7 @@ from ratelimit_mw.storage import redis as redis_storage
 from ratelimit_mw.tiers import Tier
 from tests.redis_servers import delayed
 
-HIT = Hit(Limit.parse("100/minute", "fixed_window"))
+HIT = Hit(Limit("100/minute", "fixed_window"))
 
 
 @asynccontextmanager
@@ -461,8 +461,8 @@ def test_a_packed_decision_is_the_command_redis_py_would_send(
     from ratelimit_mw.storage import wire
     from ratelimit_mw.storage.keys import counter_suffix
 
-    hits = (Hit(Limit.parse("10/minute", "token_bucket", burst=20)),
-            Hit(Limit.parse("1000/day", "fixed_window"), 3, "route:/x"),
+    hits = (Hit(Limit("10/minute", "token_bucket", burst=20)),
+            Hit(Limit("1000/day", "fixed_window"), 3, "route:/x"),
             Hit(Limit.concurrency(2))) if limited else ()
     packed = wire.pack_plan("f" * 40, hits, usage)
     encoder = SyncConnection()
@@ -487,9 +487,9 @@ async def test_a_list_of_hits_changed_between_decisions_is_packed_again(
     changes is packed from what it holds now."""
     storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, timeout=1.0)
     try:
-        hits = [Hit(Limit.parse("100/minute", "fixed_window"))]
+        hits = [Hit(Limit("100/minute", "fixed_window"))]
         assert (await storage.decide("k", hits)).decisions[0].remaining == 99
-        hits[0] = Hit(Limit.parse("1/minute", "fixed_window"))
+        hits[0] = Hit(Limit("1/minute", "fixed_window"))
         assert (await storage.decide("k", hits)).allowed
         assert not (await storage.decide("k", hits)).allowed
     finally:

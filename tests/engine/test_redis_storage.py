@@ -11,19 +11,11 @@ import pytest
 import redis.asyncio as aioredis
 from redis.crc import key_slot
 
-from ratelimit_mw import (
-    ALGORITHM_NAMES,
-    ConfigError,
-    Hit,
-    Limit,
-    MemoryStorage,
-    Rate,
-    RedisStorage,
-    storage_from_url,
-)
+from ratelimit_mw import ConfigError, Hit, Limit, MemoryStorage, RedisStorage, storage_from_url
 from ratelimit_mw.errors import StorageError
 from ratelimit_mw.middleware import RateLimitMiddleware
-from ratelimit_mw.rates import MAX_PERIOD
+from ratelimit_mw.policy import ALGORITHM_NAMES
+from ratelimit_mw.rates import MAX_PERIOD, Rate
 from ratelimit_mw.settings import RateLimitSettings
 from ratelimit_mw.storage import check_storage_url, pipe
 from ratelimit_mw.storage.cluster import cluster_storage_from_url
@@ -48,9 +40,9 @@ async def raw(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 
 
 def three_limits() -> list[Hit]:
-    return [Hit(Limit.parse("10/minute", "token_bucket", burst=20)),
-            Hit(Limit.parse("1000/day", "fixed_window")),
-            Hit(Limit.parse("100/hour", "sliding_window"))]
+    return [Hit(Limit("10/minute", "token_bucket", burst=20)),
+            Hit(Limit("1000/day", "fixed_window")),
+            Hit(Limit("100/hour", "sliding_window"))]
 
 
 async def test_one_command_per_decision_with_three_limits(
@@ -111,7 +103,7 @@ async def test_a_window_key_gets_its_ttl_when_its_window_opens(
     otherwise set a time to live 30 s shorter."""
     clock = FakeClock(1_800_000_000.0 - 1_800_000_000 % 60)  # a minute boundary
     storage = on_clock(RedisStorage.from_url(redis_url, prefix=redis_prefix), clock)
-    limit = Limit.parse("100/minute", algorithm)
+    limit = Limit("100/minute", algorithm)
     name = redis_key(redis_prefix, "w", "", limit.uid)
     life = 60_000 if algorithm == "fixed_window" else 120_000  # ms, from the window's start
     try:
@@ -140,9 +132,9 @@ async def test_the_commands_a_decision_runs_inside_redis() -> None:
     clock = FakeClock(1_800_000_000.0 - 1_800_000_000 % 60)
     storage = on_clock(RedisStorage.from_url(server.url), clock)
     raw = aioredis.Redis.from_url(server.url)
-    hits = [Hit(Limit.parse("100/minute", "fixed_window")),
-            Hit(Limit.parse("100/minute", "sliding_window")),
-            Hit(Limit.parse("100/minute", "token_bucket")),
+    hits = [Hit(Limit("100/minute", "fixed_window")),
+            Hit(Limit("100/minute", "sliding_window")),
+            Hit(Limit("100/minute", "token_bucket")),
             Hit(Limit.concurrency(5, lease=30))]
 
     async def commands(*decisions: bool) -> dict[str, int]:
@@ -243,7 +235,7 @@ async def test_decides_on_the_redis_clock(
     monkeypatch.setattr(time, "time", lambda: 0.0)
     seconds, micros = await raw.time()
     redis_now = seconds + micros / 1e6
-    verdict = await storage.decide("clock", [Hit(Limit.parse("5/minute", "fixed_window"))])
+    verdict = await storage.decide("clock", [Hit(Limit("5/minute", "fixed_window"))])
     expected = 60 - redis_now % 60
     assert abs(verdict.decisions[0].reset_after - expected) < 0.5
     assert verdict.at is not None and abs(verdict.at - redis_now) < 0.5
@@ -251,7 +243,7 @@ async def test_decides_on_the_redis_clock(
 
 async def test_reloads_the_script_after_a_flush(storage: RedisStorage, raw: aioredis.Redis) -> None:
     """After SCRIPT FLUSH (a restart, a failover) the script is loaded again transparently."""
-    hit = Hit(Limit.parse("2/minute"))
+    hit = Hit(Limit("2/minute"))
     assert (await storage.decide("flush", [hit])).allowed
     await raw.script_flush()
     assert (await storage.decide("flush", [hit])).allowed
@@ -263,7 +255,7 @@ def test_keys_share_one_hash_slot(identity: str) -> None:
     """All keys of one identity carry the same hash tag, so Cluster takes them in one call."""
     names = [redis_key("app:", identity, scope, limit.uid)
              for scope in ("", "/a", "/b:{c}")
-             for limit in (Limit.parse("1/second"), Limit.parse("9/day", "gcra", burst=3))]
+             for limit in (Limit("1/second"), Limit("9/day", "gcra", burst=3))]
     assert len({key_slot(name.encode()) for name in names}) == 1
     assert len({key_slot(redis_key("app:", f"{identity}{i}", "", "u").encode())
                 for i in range(50)}) > 1
@@ -368,7 +360,7 @@ async def test_unreachable_redis_raises_storage_error() -> None:
     dead = RedisStorage.from_url(f"redis://127.0.0.1:{free_port()}/0", timeout=0.2)
     try:
         with pytest.raises(StorageError):
-            await dead.decide("x", [Hit(Limit.parse("1/second"))])
+            await dead.decide("x", [Hit(Limit("1/second"))])
         assert not await dead.ping()
     finally:
         await dead.close()
@@ -386,7 +378,7 @@ async def test_concurrent_decisions_share_one_pipeline(
         original(self, batch, entries)
 
     monkeypatch.setattr(pipe._Pipe, "write", counting)
-    hit = Hit(Limit.parse("5/minute", "fixed_window"))
+    hit = Hit(Limit("5/minute", "fixed_window"))
     verdicts = await asyncio.gather(*(storage.decide(f"p{i % 4}", [hit]) for i in range(40)))
     assert flushes == [40]
     assert sum(v.allowed for v in verdicts) == 20  # 5 for each of 4 keys
@@ -399,7 +391,7 @@ async def test_a_pipeline_reloads_the_script_after_a_flush(
     storage: RedisStorage, raw: aioredis.Redis,
 ) -> None:
     """NOSCRIPT inside a pipeline loads the script again; every decision still counts."""
-    hit = Hit(Limit.parse("3/minute", "sliding_log"))
+    hit = Hit(Limit("3/minute", "sliding_log"))
     await storage.decide("warm", [hit])
     await raw.script_flush()
     verdicts = await asyncio.gather(*(storage.decide("reload", [hit]) for _ in range(10)))
@@ -414,7 +406,7 @@ async def test_a_failed_pipeline_fails_every_waiter_cleanly() -> None:
     dead = RedisStorage.from_url(f"redis://127.0.0.1:{free_port()}/0", timeout=0.2)
     try:
         results = await asyncio.gather(
-            *(dead.decide(f"k{i}", [Hit(Limit.parse("1/second"))]) for i in range(5)),
+            *(dead.decide(f"k{i}", [Hit(Limit("1/second"))]) for i in range(5)),
             return_exceptions=True)
         assert all(isinstance(r, StorageError) for r in results), results
     finally:
@@ -423,7 +415,7 @@ async def test_a_failed_pipeline_fails_every_waiter_cleanly() -> None:
 
 async def test_a_caller_that_gives_up_leaves_the_batch_intact(storage: RedisStorage) -> None:
     """A cancelled waiter (a middleware timeout) does not break its batch-mates."""
-    hit = Hit(Limit.parse("100/minute", "fixed_window"))
+    hit = Hit(Limit("100/minute", "fixed_window"))
     tasks = [asyncio.ensure_future(storage.decide("gave-up", [hit])) for _ in range(6)]
     tasks[0].cancel()
     done = await asyncio.gather(*tasks, return_exceptions=True)

@@ -6,14 +6,16 @@ import asyncio
 
 import pytest
 
-from ratelimit_mw import ALGORITHM_NAMES, NEVER, Hit, Limit, MemoryStorage, Storage
+from ratelimit_mw import Hit, Limit, MemoryStorage, Storage
+from ratelimit_mw.decision import NEVER
+from ratelimit_mw.policy import ALGORITHM_NAMES
 from tests.conftest import FakeClock, StorageFactory
 
 
 def limit_for(algorithm: str, rate: str = "3/minute") -> Limit:
     """A limit of ``rate``; the bucket algorithms get a burst equal to the amount."""
     burst = int(rate.split("/")[0]) if algorithm in ("token_bucket", "gcra") else None
-    return Limit.parse(rate, algorithm, burst=burst)
+    return Limit(rate, algorithm, burst=burst)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
@@ -43,7 +45,7 @@ async def test_waiting_retry_after_is_enough(
 
 async def test_keys_are_independent(storage: Storage) -> None:
     """One identity's usage does not touch another's."""
-    hit = Hit(Limit.parse("1/minute"))
+    hit = Hit(Limit("1/minute"))
     assert (await storage.decide("a", [hit])).allowed
     assert not (await storage.decide("a", [hit])).allowed
     assert (await storage.decide("b", [hit])).allowed
@@ -51,7 +53,7 @@ async def test_keys_are_independent(storage: Storage) -> None:
 
 async def test_scopes_are_independent(storage: Storage) -> None:
     """The same limit in two scopes (two routes) counts separately."""
-    limit = Limit.parse("1/minute")
+    limit = Limit("1/minute")
     assert (await storage.decide("a", [Hit(limit, scope="/x")])).allowed
     assert (await storage.decide("a", [Hit(limit, scope="/y")])).allowed
     assert not (await storage.decide("a", [Hit(limit, scope="/x")])).allowed
@@ -61,7 +63,7 @@ async def test_scopes_are_independent(storage: Storage) -> None:
 async def test_a_denied_request_consumes_nothing(storage: Storage, algorithm: str) -> None:
     """When one limit denies, the others keep every unit they had."""
     roomy = Hit(limit_for(algorithm, "10/minute"))
-    tight = Hit(Limit.parse("1/minute", "fixed_window"), scope="tight")
+    tight = Hit(Limit("1/minute", "fixed_window"), scope="tight")
     assert (await storage.decide("carol", [roomy, tight])).allowed
     for _ in range(5):
         denied = await storage.decide("carol", [roomy, tight])
@@ -72,8 +74,8 @@ async def test_a_denied_request_consumes_nothing(storage: Storage, algorithm: st
 
 async def test_all_limits_decided_together(storage: Storage) -> None:
     """A burst bucket plus a daily window: the tighter one binds and is reported."""
-    burst = Hit(Limit.parse("10/minute", "token_bucket", burst=20))
-    daily = Hit(Limit.parse("25/day", "fixed_window"))
+    burst = Hit(Limit("10/minute", "token_bucket", burst=20))
+    daily = Hit(Limit("25/day", "fixed_window"))
     results = [await storage.decide("dave", [burst, daily]) for _ in range(21)]
     assert sum(v.allowed for v in results) == 20
     last = results[-1]
@@ -83,7 +85,7 @@ async def test_all_limits_decided_together(storage: Storage) -> None:
 
 async def test_cost_counts_units(storage: Storage) -> None:
     """A cost of 5 uses five units; a cost over the limit is denied for ever."""
-    limit = Limit.parse("10/minute", "sliding_log")
+    limit = Limit("10/minute", "sliding_log")
     assert (await storage.decide("erin", [Hit(limit, 5)])).decisions[0].remaining == 5
     never = await storage.decide("erin", [Hit(limit, 11)])
     assert not never.allowed and never.retry_after == NEVER and never.decisions[0].never
@@ -92,7 +94,7 @@ async def test_cost_counts_units(storage: Storage) -> None:
 
 async def test_peek_consumes_nothing(storage: Storage) -> None:
     """peek reports usage and never changes it."""
-    limit = Limit.parse("2/minute", "gcra", burst=2)
+    limit = Limit("2/minute", "gcra", burst=2)
     await storage.decide("fay", [Hit(limit)])
     for _ in range(3):
         looked = await storage.peek("fay", [Hit(limit)])
@@ -102,7 +104,7 @@ async def test_peek_consumes_nothing(storage: Storage) -> None:
 
 async def test_reset_forgets_a_key(storage: Storage) -> None:
     """reset restores the full quota of one identity and no other."""
-    hit = Hit(Limit.parse("1/minute", "fixed_window"))
+    hit = Hit(Limit("1/minute", "fixed_window"))
     await storage.decide("gus", [hit])
     await storage.decide("hal", [hit])
     await storage.reset("gus")
@@ -112,7 +114,7 @@ async def test_reset_forgets_a_key(storage: Storage) -> None:
 
 async def test_the_same_counter_twice_is_counted_twice(storage: Storage) -> None:
     """Two hits on one counter in one call consume from one state."""
-    limit = Limit.parse("3/minute", "fixed_window")
+    limit = Limit("3/minute", "fixed_window")
     verdict = await storage.decide("ivy", [Hit(limit), Hit(limit)])
     assert verdict.allowed and verdict.decisions[0].remaining == 1
     assert not (await storage.decide("ivy", [Hit(limit), Hit(limit)])).allowed
@@ -125,7 +127,7 @@ async def test_the_same_counter_twice_is_counted_twice(storage: Storage) -> None
 )
 async def test_odd_keys_are_kept_apart(storage: Storage, key: str) -> None:
     """Keys with separators, braces, glob characters or 10 kB of text work and never collide."""
-    hit = Hit(Limit.parse("1/minute", "fixed_window"))
+    hit = Hit(Limit("1/minute", "fixed_window"))
     assert (await storage.decide(key, [hit])).allowed
     assert not (await storage.decide(key, [hit])).allowed
     assert (await storage.decide(key + "-other", [hit])).allowed
@@ -168,5 +170,5 @@ async def test_no_hits_is_allowed(storage: Storage) -> None:
 
 async def test_verdicts_carry_the_storage_clock(storage: Storage, clock: FakeClock) -> None:
     """Verdict.at is the time the storage decided on (Redis: its own clock)."""
-    verdict = await storage.decide("clock", [Hit(Limit.parse("1/minute"))])
+    verdict = await storage.decide("clock", [Hit(Limit("1/minute"))])
     assert verdict.at is not None and abs(verdict.at - clock.now) < 1e-3

@@ -57,7 +57,7 @@ async def test_rediss_url_decides_over_tls(tls_redis: tuple[int, Path]) -> None:
     storage = storage_from_url(f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={cert}")
     try:
         assert isinstance(storage, RedisStorage)
-        hit = Hit(Limit.parse("1/minute"))
+        hit = Hit(Limit("1/minute"))
         assert (await storage.decide("tls", [hit])).allowed
         assert not (await storage.decide("tls", [hit])).allowed
     finally:
@@ -72,6 +72,6 @@ async def test_plain_redis_url_cannot_talk_to_a_tls_port(tls_redis: tuple[int, P
     storage = storage_from_url(f"redis://127.0.0.1:{port}/0", timeout=0.5)
     try:
         with pytest.raises(StorageError):
-            await storage.decide("tls", [Hit(Limit.parse("1/minute"))])
+            await storage.decide("tls", [Hit(Limit("1/minute"))])
     finally:
         await storage.close()

@@ -335,3 +335,6 @@ async def test_upstream_breaker_opens_and_answers_503_with_retry_after(
     assert refused.status_code == 503
     assert refused.headers["retry-after"].isdigit()
     assert 1 <= int(refused.headers["retry-after"]) <= 10
+    body = refused.json()  # the 429's shape, top level
+    assert (body["error"], body["circuit"], body["retry_after_seconds"]) == (
+        "service_unavailable", "upstream", int(refused.headers["retry-after"]))

@@ -31,7 +31,7 @@ from ratelimit_mw.idempotency import (
     MemoryIdempotencyStore,
     RedisIdempotencyStore,
 )
-from tests.conftest import FakeClock, free_port
+from tests.conftest import FakeClock, free_port, middleware_arguments
 from tests.middleware.conftest import redis_server  # noqa: F401 - a fixture of the outage tests
 
 
@@ -87,7 +87,7 @@ class Orders:
         options.setdefault("required", ["/payments"])
         middleware = [Middleware(IdempotencyMiddleware, store=store, **options)]
         if limiter is not None:
-            middleware.insert(0, Middleware(RateLimitMiddleware, **limiter))
+            middleware.insert(0, Middleware(RateLimitMiddleware, **middleware_arguments(**limiter)))
         return Starlette(
             routes=[
                 Route("/orders", self.create, methods=["POST", "PATCH"]),

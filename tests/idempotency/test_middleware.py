@@ -44,6 +44,31 @@ async def test_replay_returns_the_stored_response(harness: Harness) -> None:
     assert harness.orders.runs["create"] == 1
 
 
+async def test_every_keyed_answer_echoes_the_key(harness: Harness) -> None:
+    """The first answer, its replay, a 409 and a 422 carry the client's key back, as sent;
+    the stored response does not keep it (a replay to a quoted key echoes the quoted form)."""
+    quoted = {"Idempotency-Key": f'"{KEY["Idempotency-Key"]}"'}
+    async with harness.client() as client:
+        first = await client.post("/orders", json=ORDER, headers=KEY)
+        replay = await client.post("/orders", json=ORDER, headers=quoted)
+        reused = await client.post("/orders", json={"item": "pen"}, headers=KEY)
+        harness.orders.gate.clear()
+        running = asyncio.create_task(client.post("/orders", json=ORDER, headers={
+            "Idempotency-Key": "second"}))
+        await asyncio.sleep(0.2)
+        in_flight = await client.post("/orders", json=ORDER, headers={"Idempotency-Key": "second"})
+        harness.orders.gate.set()
+        await running
+        unkeyed = await client.post("/orders", json=ORDER)
+    assert first.headers.get_list("idempotency-key") == [KEY["Idempotency-Key"]]
+    assert replay.headers["x-idempotent-replayed"] == "true"
+    assert replay.headers.get_list("idempotency-key") == [quoted["Idempotency-Key"]]
+    assert (reused.status_code, reused.headers["idempotency-key"]) == (
+        422, KEY["Idempotency-Key"])
+    assert (in_flight.status_code, in_flight.headers["idempotency-key"]) == (409, "second")
+    assert "idempotency-key" not in unkeyed.headers
+
+
 async def test_concurrent_requests_run_the_handler_once(harness: Harness) -> None:
     """Twenty identical requests at once: one runs, the others get 409 while it does."""
     harness.orders.gate.clear()

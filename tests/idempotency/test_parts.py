@@ -168,11 +168,11 @@ def test_required_rules() -> None:
         app, methods="post, patch", required=["/payments", "PATCH /orders/*"]
     )
     assert middleware.methods == {"POST", "PATCH"}
-    assert middleware._is_required("POST", "/payments")
-    assert middleware._is_required("PATCH", "/payments")
-    assert not middleware._is_required("POST", "/payments/1")
-    assert middleware._is_required("PATCH", "/orders/7")
-    assert not middleware._is_required("POST", "/orders/7")
+    assert middleware.requires_key("POST", "/payments")
+    assert middleware.requires_key("PATCH", "/payments")
+    assert not middleware.requires_key("POST", "/payments/1")
+    assert middleware.requires_key("PATCH", "/orders/7")
+    assert not middleware.requires_key("POST", "/orders/7")
 
 
 def test_all_is_sorted_and_complete() -> None:

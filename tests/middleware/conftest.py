@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from ratelimit_mw import MemoryStorage
 from ratelimit_mw.middleware import RateLimitMiddleware
-from tests.conftest import FakeClock, free_port
+from tests.conftest import FakeClock, free_port, middleware_arguments
 
 CLIENT = ("203.0.113.7", 40000)
 
@@ -38,9 +38,10 @@ async def stream(request: Request) -> Response:
 
 
 def make_app(endpoints: list[Any] | None = None, /, **options: Any) -> Starlette:
-    """A Starlette app behind the middleware; ``/`` and ``/stream`` by default."""
+    """A Starlette app behind the middleware; ``/`` and ``/stream`` by default; setting
+    fields among ``options`` go into its ``settings``."""
     app = Starlette(routes=endpoints or [Route("/", ok), Route("/stream", stream)])
-    app.add_middleware(RateLimitMiddleware, **options)
+    app.add_middleware(RateLimitMiddleware, **middleware_arguments(**options))
     return app
 
 

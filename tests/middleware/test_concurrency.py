@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ratelimit_mw import Hit, Limit, MemoryStorage, RedisStorage, Storage
+from ratelimit_mw import Hit, Limit, MemoryStorage, RateLimitSettings, RedisStorage, Storage
 from ratelimit_mw.middleware import RateLimitMiddleware
 from ratelimit_mw.storage import pipe
 from ratelimit_mw.tiers import Tier
@@ -120,7 +120,7 @@ async def test_full_slot_consumes_no_rate_and_is_never_cached_as_blocked(
     """Denied by the slot: the rate limit is untouched, and the denial is not kept in the
     blocked-keys cache (the next request after a slot frees passes at the same instant)."""
     gate = Gate()
-    tier = Tier("t", [Limit.parse("3/minute", "fixed_window", name="rate")], concurrency=1)
+    tier = Tier("t", [Limit("3/minute", "fixed_window", name="rate")], concurrency=1)
     app = make_app(gate.routes(), tiers=[tier], storage=memory, clock=clock)
     async with client_for(app) as client:
         held = asyncio.ensure_future(client.get("/wait"))
@@ -136,7 +136,7 @@ async def test_full_slot_consumes_no_rate_and_is_never_cached_as_blocked(
 
 async def test_rate_denial_takes_no_slot(clock: FakeClock, memory: MemoryStorage) -> None:
     """Over the rate limit: 429 from the rate, and no slot is held afterwards."""
-    tier = Tier("t", [Limit.parse("1/minute", "fixed_window")], concurrency=5)
+    tier = Tier("t", [Limit("1/minute", "fixed_window")], concurrency=5)
     app = make_app(Gate().routes(), tiers=[tier], storage=memory, clock=clock)
     async with client_for(app) as client:
         assert (await client.get("/")).status_code == 200
@@ -152,7 +152,7 @@ async def test_shadow_only_denial_still_takes_and_returns_a_slot(
     """A request let through by a shadow limit is decided again on the enforced limits,
     slot included, and gives that slot back."""
     gate = Gate()
-    tier = Tier("t", [Limit.parse("1/minute", "fixed_window", name="trial")],
+    tier = Tier("t", [Limit("1/minute", "fixed_window", name="trial")],
                 concurrency=1, shadow=frozenset({"trial"}))
     app = make_app(gate.routes(), tiers=[tier], storage=memory, clock=clock)
     async with client_for(app) as client:
@@ -188,7 +188,11 @@ def test_a_bad_lease_fails_at_start() -> None:
     from pydantic import ValidationError
 
     with pytest.raises(ValidationError, match="concurrency_lease must be a positive"):
-        RateLimitMiddleware(make_app(), tiers=[Tier("t", "1/minute")], concurrency_lease=0)
+        RateLimitMiddleware(
+            make_app(),
+            tiers=[Tier("t", "1/minute")],
+            settings=RateLimitSettings(concurrency_lease=0),
+        )
 
 
 # -- storage down: the failure mode decides ---------------------------------------------
@@ -241,7 +245,7 @@ async def test_redis_slots_are_taken_atomically_and_given_back(
     slot is back (ZREM) after the requests end; usage is counted in the same call."""
     gate = Gate()
     storage = RedisStorage.from_url(redis_url, prefix=redis_prefix)
-    tier = Tier("t", [Limit.parse("3/minute", "fixed_window", name="rate")], concurrency=1)
+    tier = Tier("t", [Limit("3/minute", "fixed_window", name="rate")], concurrency=1)
     app = make_app(gate.routes(), tiers=[tier], storage=storage, quota_history=True)
     try:
         async with client_for(app) as client:
@@ -602,8 +606,12 @@ async def test_redis_slot_comes_back_however_the_app_call_ends(
 
     # A generous timeout: a garbage collection of the test process (50 ms and more
     # here) must not time the first decision out (it would take no slot).
-    middleware = RateLimitMiddleware(app, tiers=[Tier("t", "1000/minute", concurrency=1)],
-                                     storage=storage, storage_timeout=1.0)
+    middleware = RateLimitMiddleware(
+        app,
+        tiers=[Tier("t", "1000/minute", concurrency=1)],
+        storage=storage,
+        settings=RateLimitSettings(storage_timeout=1.0),
+    )
     scope = {"type": "http", "method": "GET", "path": "/", "headers": [],
              "query_string": b"", "client": CLIENT}
     released: list[str] = []
@@ -691,8 +699,12 @@ async def test_the_apps_own_error_survives_a_failed_give_back(
     async def send(message: Any) -> None:
         pass
 
-    middleware = RateLimitMiddleware(app, tiers=[Tier("t", "5/minute", concurrency=2)],
-                                     storage=_ReleaseFails(), limit_websockets=True)
+    middleware = RateLimitMiddleware(
+        app,
+        tiers=[Tier("t", "5/minute", concurrency=2)],
+        storage=_ReleaseFails(),
+        settings=RateLimitSettings(limit_websockets=True),
+    )
     scope = {"type": kind, "method": "GET", "path": "/", "headers": [], "query_string": b"",
              "client": CLIENT}
     with pytest.raises(RuntimeError, match="the app's own error"):

@@ -17,7 +17,7 @@ from tests.conftest import FakeClock
 from .conftest import client_for, make_app
 
 # The fake clock starts 20 s into an epoch-aligned minute: a fixed window resets in 40 s.
-FIXED = [Limit.parse("5/minute", "fixed_window", name="minute")]
+FIXED = [Limit("5/minute", "fixed_window", name="minute")]
 RESET_EPOCH = 1_700_000_040
 RATE_HEADERS = ("x-ratelimit-", "ratelimit")
 
@@ -85,8 +85,8 @@ async def test_no_headers_style(clock: FakeClock, memory: MemoryStorage) -> None
 
 async def test_draft11_lists_every_policy(clock: FakeClock, memory: MemoryStorage) -> None:
     """draft-11 lists every limit; legacy reports the one nearest exhaustion."""
-    tier = Tier("t", [Limit.parse("100/minute", "fixed_window", name="minute"),
-                      Limit.parse("3/hour", "fixed_window", name="hourly")])
+    tier = Tier("t", [Limit("100/minute", "fixed_window", name="minute"),
+                      Limit("3/hour", "fixed_window", name="hourly")])
     app = make_app(tiers=[tier], storage=memory, clock=clock, header_style="legacy+draft-11")
     async with client_for(app) as client:
         response = await client.get("/")
@@ -100,8 +100,8 @@ async def test_draft11_lists_every_policy(clock: FakeClock, memory: MemoryStorag
 async def test_draft11_partition_key(clock: FakeClock, memory: MemoryStorage) -> None:
     """partition_key adds each caller's pk (a 12-byte digest, never the key itself) to every
     RateLimit item: the same for one caller's requests, different between callers."""
-    tier = Tier("t", [Limit.parse("100/minute", "fixed_window", name="minute"),
-                      Limit.parse("3/hour", "fixed_window", name="hourly")])
+    tier = Tier("t", [Limit("100/minute", "fixed_window", name="minute"),
+                      Limit("3/hour", "fixed_window", name="hourly")])
     app = make_app(tiers=[tier], storage=memory, clock=clock, header_style="draft-11",
                    partition_key=True)
     async with client_for(app) as one, client_for(app, ("198.51.100.1", 1)) as two:
@@ -163,7 +163,7 @@ async def test_the_reported_decision_is_the_one_the_headers_name(memory: MemoryS
     """With a concurrency slot nearer its end than the rate limit, an admitted verdict's
     ``binding`` is still the rate limit, as in X-RateLimit-*: free slots are not a
     quota to pace against."""
-    rate = Hit(Limit.parse("5/minute", "fixed_window"))
+    rate = Hit(Limit("5/minute", "fixed_window"))
     slot = Hit(Limit.concurrency(2))
     verdict = await memory.decide("k", [rate, slot])
     assert verdict.allowed
@@ -187,8 +187,8 @@ async def storage(request: pytest.FixtureRequest, clock: FakeClock) -> AsyncIter
 
 def _trial_tier() -> Tier:
     """An enforced 10/minute beside a 2/minute shadow limit being tried out."""
-    return Tier("t", [Limit.parse("10/minute", "fixed_window", name="enforced"),
-                      Limit.parse("2/minute", "fixed_window", name="trial")], shadow=["trial"])
+    return Tier("t", [Limit("10/minute", "fixed_window", name="enforced"),
+                      Limit("2/minute", "fixed_window", name="trial")], shadow=["trial"])
 
 
 def _without_resets(headers: dict[str, str]) -> dict[str, str]:
@@ -249,7 +249,7 @@ async def test_a_tier_of_shadow_limits_alone_reports_them(
 ) -> None:
     """When every limit is a shadow limit (a whole tier on trial), the headers report them
     all, as global shadow mode does: nothing is enforced, and seeing them is the point."""
-    tier = Tier("t", [Limit.parse("2/minute", "fixed_window", name="trial")], shadow=["trial"])
+    tier = Tier("t", [Limit("2/minute", "fixed_window", name="trial")], shadow=["trial"])
     app = make_app(tiers=[tier], storage=memory, clock=clock, header_style="legacy+draft-11")
     async with client_for(app) as client:
         responses = [await client.get("/") for _ in range(3)]
@@ -264,8 +264,8 @@ async def test_policy_names_are_escaped_once(clock: FakeClock, memory: MemorySto
     """A policy name with a quote or a backslash is one RFC 9651 string, the same in
     RateLimit-Policy and RateLimit, and the 429's violated-policies name it as the
     headers spell it (a character a header can't carry is ``_`` in both)."""
-    tier = Tier("t", [Limit.parse("1/minute", "fixed_window", name='say "hi" ü'),
-                      Limit.parse("5/hour", "fixed_window", name="C:\\api")])
+    tier = Tier("t", [Limit("1/minute", "fixed_window", name='say "hi" ü'),
+                      Limit("5/hour", "fixed_window", name="C:\\api")])
     app = make_app(tiers=[tier], storage=memory, clock=clock, header_style="draft-11",
                    response_format="problem+json")
     async with client_for(app) as client:

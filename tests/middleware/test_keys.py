@@ -359,7 +359,7 @@ async def test_a_key_function_that_raises_keys_by_client_ip(
             other = await two.get("/")
     assert codes == [200, 200, 429]
     assert other.status_code == 200
-    seen = await memory.peek("ip:203.0.113.7", [Hit(Limit.parse("2/minute"))])
+    seen = await memory.peek("ip:203.0.113.7", [Hit(Limit("2/minute"))])
     assert seen.decisions[0].remaining == 0  # counted under the client IP
     failures = [r for r in caplog.records if "key function" in r.getMessage()]
     assert len(failures) == 1 and failures[0].exc_info is not None

@@ -16,9 +16,11 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from ratelimit_mw import Hit, Lease, Limit, MemoryStorage, Rate, Storage, Verdict
+from ratelimit_mw import Hit, Limit, MemoryStorage, Storage
+from ratelimit_mw.decision import Lease, Verdict
 from ratelimit_mw.events import DecisionEvent
 from ratelimit_mw.middleware import RateLimitMiddleware
+from ratelimit_mw.rates import Rate
 from ratelimit_mw.responses import Denial
 from ratelimit_mw.tiers import Tier
 from tests.conftest import FakeClock
@@ -58,7 +60,7 @@ async def test_allows_up_to_the_limit_then_429(clock: FakeClock, memory: MemoryS
 
 async def test_429_body_and_cache_control(clock: FakeClock, memory: MemoryStorage) -> None:
     """The 429 carries the JSON body of the reference and Cache-Control: no-store."""
-    app = make_app(tiers=[Tier("t", [Limit.parse("2/minute", "fixed_window")])],
+    app = make_app(tiers=[Tier("t", [Limit("2/minute", "fixed_window")])],
                    storage=memory, clock=clock)
     async with client_for(app) as client:
         await client.get("/")
@@ -81,7 +83,7 @@ async def test_429_body_and_cache_control(clock: FakeClock, memory: MemoryStorag
 async def test_a_burst_is_named_beside_the_rate(clock: FakeClock, memory: MemoryStorage) -> None:
     """A token bucket whose burst is not its rate: the body's limit is the burst, and
     its message names both, so the two numbers agree."""
-    app = make_app(tiers=[Tier("t", [Limit.parse("2/minute", "token_bucket", burst=3)])],
+    app = make_app(tiers=[Tier("t", [Limit("2/minute", "token_bucket", burst=3)])],
                    storage=memory, clock=clock)
     async with client_for(app) as client:
         for _ in range(3):
@@ -94,7 +96,7 @@ async def test_a_burst_is_named_beside_the_rate(clock: FakeClock, memory: Memory
 
 async def test_problem_json_option(clock: FakeClock, memory: MemoryStorage) -> None:
     """response_format='problem+json' answers with an RFC 9457 problem naming the policy."""
-    app = make_app(tiers=[Tier("t", [Limit.parse("1/minute", name="per-minute")])],
+    app = make_app(tiers=[Tier("t", [Limit("1/minute", name="per-minute")])],
                    storage=memory, clock=clock, response_format="problem+json")
     async with client_for(app) as client:
         await client.get("/")
@@ -153,7 +155,7 @@ async def test_waiting_exactly_retry_after_gets_through(
 ) -> None:
     """A client that waits exactly Retry-After seconds is admitted, for every algorithm."""
     for algorithm in ("fixed_window", "sliding_window", "sliding_log", "token_bucket", "gcra"):
-        tier = Tier("t", [Limit.parse("3/10 seconds", algorithm)])
+        tier = Tier("t", [Limit("3/10 seconds", algorithm)])
         app = make_app(tiers=[tier], storage=memory, clock=clock)
         async with client_for(app) as client:
             while (response := await client.get("/")).status_code == 200:
@@ -166,8 +168,8 @@ async def test_waiting_exactly_retry_after_gets_through(
 
 async def test_denied_requests_consume_nothing(clock: FakeClock, memory: MemoryStorage) -> None:
     """Denials by one limit leave the other limits' counters untouched."""
-    tier = Tier("t", [Limit.parse("2/second", "fixed_window", name="second"),
-                      Limit.parse("10/hour", "fixed_window", name="hour")],)
+    tier = Tier("t", [Limit("2/second", "fixed_window", name="second"),
+                      Limit("10/hour", "fixed_window", name="hour")],)
     app = make_app(tiers=[tier], storage=memory, clock=clock, header_style="draft-11")
     async with client_for(app) as client:
         await client.get("/")
@@ -185,7 +187,7 @@ async def test_blocked_key_answered_without_storage(
 ) -> None:
     """A key already over its limit is refused from the local cache until its retry time."""
     storage = Counting(memory)
-    app = make_app(tiers=[Tier("t", [Limit.parse("1/minute", "fixed_window")])],
+    app = make_app(tiers=[Tier("t", [Limit("1/minute", "fixed_window")])],
                    storage=storage, clock=clock)
     async with client_for(app) as client:
         await client.get("/")
@@ -332,8 +334,8 @@ async def test_shadow_limit_reports_but_enforced_limit_counts(
 ) -> None:
     """A shadow limit never blocks, and requests it would deny still count on the others;
     each request it would deny is logged as a shadow denial of that limit."""
-    tier = Tier("t", [Limit.parse("2/minute", "fixed_window", name="strict"),
-                      Limit.parse("4/minute", "fixed_window", name="loose")],
+    tier = Tier("t", [Limit("2/minute", "fixed_window", name="strict"),
+                      Limit("4/minute", "fixed_window", name="loose")],
                 shadow=frozenset({"strict"}))
     app = make_app(tiers=[tier], storage=memory, clock=clock, header_style="draft-11")
     with caplog.at_level(logging.INFO, logger="ratelimit_mw"):
@@ -352,8 +354,8 @@ async def test_a_shadow_limit_does_not_set_the_wait_of_a_real_denial(
 ) -> None:
     """When an enforced limit denies, a shadow limit that also denies changes neither
     Retry-After nor the reported policy: the client is told the enforced limit's wait."""
-    tier = Tier("t", [Limit.parse("2/minute", "fixed_window", name="minute"),
-                      Limit.parse("1/hour", "fixed_window", name="hour")],
+    tier = Tier("t", [Limit("2/minute", "fixed_window", name="minute"),
+                      Limit("1/hour", "fixed_window", name="hour")],
                 shadow=frozenset({"hour"}))
     app = make_app(tiers=[tier], storage=memory, clock=clock)
     async with client_for(app) as client:
@@ -369,7 +371,7 @@ async def test_a_shadow_limit_does_not_set_the_wait_of_a_real_denial(
 
 
 @pytest.mark.parametrize(("limit", "window"), [
-    (Limit.parse("1/12 days", "fixed_window"), "1036800s"),
+    (Limit("1/12 days", "fixed_window"), "1036800s"),
     (Limit.monthly(1), "2592000s"),
     (Limit(Rate(1, 0.25), "fixed_window"), "0.25s"),
 ])
@@ -428,8 +430,8 @@ async def test_the_decision_hook_sees_a_shadow_limits_denial_as_shadow(
     """A request a shadow limit denies and lets through is a shadow denial for the hook,
     as for the log line (global shadow mode or not)."""
     events: list[DecisionEvent] = []
-    tier = Tier("t", [Limit.parse("100/minute", name="loose"),
-                      Limit.parse("1/minute", name="tight")], shadow=frozenset({"tight"}))
+    tier = Tier("t", [Limit("100/minute", name="loose"),
+                      Limit("1/minute", name="tight")], shadow=frozenset({"tight"}))
     app = make_app(tiers=[tier], storage=memory, clock=clock, on_decision=events.append)
     async with client_for(app) as client:
         codes = [(await client.get("/")).status_code for _ in range(2)]
@@ -465,7 +467,7 @@ async def test_one_log_line_per_denial(
 ) -> None:
     """Each denial logs one structured line on the ratelimit_mw logger."""
     caplog.set_level(logging.INFO, logger="ratelimit_mw")
-    app = make_app(tiers=[Tier("t", [Limit.parse("1/minute", name="m")])], storage=memory,
+    app = make_app(tiers=[Tier("t", [Limit("1/minute", name="m")])], storage=memory,
                    clock=clock)
     async with client_for(app) as client:
         for _ in range(3):

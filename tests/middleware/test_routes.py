@@ -39,7 +39,7 @@ ROUTES = [Route("/", ok), Route("/search", search), Route("/health", health),
 
 async def test_decorator_limit_stacks_on_tier(clock: FakeClock, memory: MemoryStorage) -> None:
     """A route's own limit applies on top of the tier's, and both are counted."""
-    app = make_app(ROUTES, tiers=[Tier("t", [Limit.parse("10/minute", name="tier")])],
+    app = make_app(ROUTES, tiers=[Tier("t", [Limit("10/minute", name="tier")])],
                    storage=memory, clock=clock, header_style="draft-11")
     async with client_for(app) as client:
         first = await client.get("/search")
@@ -76,7 +76,7 @@ async def test_exempt_decorator_and_paths(clock: FakeClock, memory: MemoryStorag
 
 async def test_route_cost(clock: FakeClock, memory: MemoryStorage) -> None:
     """An endpoint with cost 5 uses five units of the tier's limit."""
-    app = make_app(ROUTES, tiers=[Tier("t", [Limit.parse("12/minute", "fixed_window")])],
+    app = make_app(ROUTES, tiers=[Tier("t", [Limit("12/minute", "fixed_window")])],
                    storage=memory, clock=clock)
     async with client_for(app) as client:
         first = await client.get("/export")
@@ -148,7 +148,7 @@ def test_two_limits_on_one_counter_fail_at_startup(
     routes: list[Route] = []
     rules: list[RouteRule] = []
     if where == "tier":
-        tiers = [Tier("t", [Limit.parse("4/minute", name="a"), Limit.parse("4/minute", name="b")])]
+        tiers = [Tier("t", [Limit("4/minute", name="a"), Limit("4/minute", name="b")])]
     elif where == "rule":
         rules = [RouteRule("/q", limits="3/minute; 3/minute")]
     else:
@@ -217,7 +217,7 @@ async def test_a_rules_cost_counts_against_the_tier(
 ) -> None:
     """A rule's ``cost`` is the route's cost on the tier's limits (as ``@cost``); each
     request counts 1 on the rule's own limits."""
-    rule = RouteRule("/search", limits=[Limit.parse("5/minute", name="search")], cost=2)
+    rule = RouteRule("/search", limits=[Limit("5/minute", name="search")], cost=2)
     app = make_app([Route("/search", ok)], tiers=[Tier("t", "10/minute")], storage=memory,
                    clock=clock, rules=[rule], header_style="draft-11")
     async with client_for(app) as client:

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Host, Mount, Route, Router
 
-from ratelimit_mw import ConfigError, MemoryStorage
+from ratelimit_mw import ConfigError, MemoryStorage, RateLimitSettings
 from ratelimit_mw.middleware import RateLimitMiddleware
 from ratelimit_mw.routes import RouteRule, cost, exempt, limit
 from ratelimit_mw.tiers import Tier
@@ -296,8 +296,13 @@ def test_patterns_that_match_no_route_are_named_at_start_up(
              # below a mounted router with a default app: anything may be answered
              RouteRule("/v1/orders/*", limits="1/minute")]
     with caplog.at_level(logging.WARNING, logger="ratelimit_mw"):
-        RateLimitMiddleware(app.router, tiers=TIER, storage=memory, rules=rules,
-                            exempt_paths=["/health", "/search"])
+        RateLimitMiddleware(
+            app.router,
+            tiers=TIER,
+            storage=memory,
+            rules=rules,
+            settings=RateLimitSettings(exempt_paths=["/health", "/search"]),
+        )
     named = [message for message in caplog.messages if "matches no route" in message]
     assert sorted(named) == sorted(
         f"ratelimit_mw: the route pattern {p!r} matches no route of the app (as its routes "
@@ -329,8 +334,12 @@ def test_an_app_with_frontend_routes_is_not_judged(
     (tmp_path / "index.html").write_text("<html>app</html>")
     app.frontend("/", directory=str(tmp_path))
     with caplog.at_level(logging.WARNING, logger="ratelimit_mw"):
-        RateLimitMiddleware(app.router, tiers=TIER, storage=memory,
-                            exempt_paths=["/assets/*", "/"])
+        RateLimitMiddleware(
+            app.router,
+            tiers=TIER,
+            storage=memory,
+            settings=RateLimitSettings(exempt_paths=["/assets/*", "/"]),
+        )
     assert not [m for m in caplog.messages if "matches no route" in m]
 
 
@@ -344,5 +353,10 @@ def test_a_router_with_a_default_app_is_not_judged(
 
     app = Router(routes=[Route("/search", ok)], default=PlainTextResponse("catch-all"))
     with caplog.at_level(logging.WARNING, logger="ratelimit_mw"):
-        RateLimitMiddleware(app, tiers=TIER, storage=memory, exempt_paths=["/app/*"])
+        RateLimitMiddleware(
+            app,
+            tiers=TIER,
+            storage=memory,
+            settings=RateLimitSettings(exempt_paths=["/app/*"]),
+        )
     assert not [m for m in caplog.messages if "matches no route" in m]

@@ -103,8 +103,8 @@ class _FailsAfterADenial(MemoryStorage):
 
 
 def _shadowed_tier() -> list[Tier]:
-    return [Tier("t", [Limit.parse("2/minute", "fixed_window", name="enforced"),
-                       Limit.parse("1/minute", "fixed_window", name="trial")],
+    return [Tier("t", [Limit("2/minute", "fixed_window", name="enforced"),
+                       Limit("1/minute", "fixed_window", name="trial")],
                  shadow=["trial"])]
 
 
@@ -150,7 +150,7 @@ async def test_a_cached_denial_never_points_earlier_than_the_real_wait(
             clock.advance(trip)  # the round trip: the storage decides this much later
             return await super().decide(key, hits, **options)
 
-    app = make_app([Route("/", ok)], tiers=[Tier("t", [Limit.parse("1/10 seconds",
+    app = make_app([Route("/", ok)], tiers=[Tier("t", [Limit("1/10 seconds",
                                                                    "fixed_window")])],
                    storage=Slow(clock=clock), clock=clock, storage_timeout=2.0)
     async with client_for(app) as client:

@@ -166,7 +166,10 @@ def test_bad_environment_values_fail_naming_them(monkeypatch: pytest.MonkeyPatch
 
 
 def test_the_middleware_takes_max_keys_from_a_memory_url() -> None:
-    middleware = RateLimitMiddleware(PlainTextResponse("ok"), storage_url="memory://?max_keys=3")
+    middleware = RateLimitMiddleware(
+        PlainTextResponse("ok"),
+        settings=RateLimitSettings(storage_url="memory://?max_keys=3"),
+    )
     assert isinstance(middleware.storage, MemoryStorage)
     assert middleware.storage.max_keys == 3
 
@@ -226,3 +229,9 @@ def test_objects_that_cannot_work_fail_at_start_up(
     its name, rather than failing on the first request (or never)."""
     with pytest.raises(TypeError, match=message):
         RateLimitMiddleware(make_app(), **{argument: value})
+
+
+def test_a_setting_given_to_the_middleware_is_a_type_error_naming_it() -> None:
+    """Settings go through ``settings=``: a field passed as a keyword fails at start-up."""
+    with pytest.raises(TypeError, match="header_style"):
+        RateLimitMiddleware(make_app(), header_style="draft-11")  # type: ignore[call-arg]

@@ -59,8 +59,8 @@ def test_an_exempt_rule_with_limits_is_refused() -> None:
 
 def test_limit_objects_take_no_shaping_arguments() -> None:
     with pytest.raises(ConfigError, match="a Limit carries its own"):
-        limit([Limit.parse("10/minute")], "token_bucket", burst=50, name="uploads")
-    assert limit([Limit.parse("10/minute")], cost=2).cost == 2
+        limit([Limit("10/minute")], "token_bucket", burst=50, name="uploads")
+    assert limit([Limit("10/minute")], cost=2).cost == 2
 
 
 def test_tiers_and_resolvers_that_replace_settings_are_named(

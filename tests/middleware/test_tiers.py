@@ -6,16 +6,16 @@ import pytest
 from starlette.applications import Starlette
 from starlette.types import Scope
 
-from ratelimit_mw import ConfigError, Limit, MemoryStorage
+from ratelimit_mw import ConfigError, Limit, MemoryStorage, RateLimitSettings
 from ratelimit_mw.middleware import RateLimitMiddleware
 from ratelimit_mw.tiers import Tier, TierByAPIKey, TierFromHeader
 from tests.conftest import FakeClock
 
 from .conftest import client_for, make_app
 
-FREE = Tier("free", [Limit.parse("10/minute", "token_bucket", burst=20, name="burst"),
-                     Limit.parse("1000/day", name="daily")])
-PRO = Tier("pro", [Limit.parse("100/minute", name="minute")])
+FREE = Tier("free", [Limit("10/minute", "token_bucket", burst=20, name="burst"),
+                     Limit("1000/day", name="daily")])
+PRO = Tier("pro", [Limit("100/minute", name="minute")])
 
 
 async def test_burst_20_plus_daily(clock: FakeClock, memory: MemoryStorage) -> None:
@@ -34,8 +34,8 @@ async def test_burst_20_plus_daily(clock: FakeClock, memory: MemoryStorage) -> N
 
 async def test_daily_limit_holds_across_bursts(clock: FakeClock, memory: MemoryStorage) -> None:
     """When the day's quota is spent, refilled burst tokens don't help."""
-    tier = Tier("small", [Limit.parse("10/minute", "token_bucket", burst=20, name="burst"),
-                          Limit.parse("25/day", name="daily")])
+    tier = Tier("small", [Limit("10/minute", "token_bucket", burst=20, name="burst"),
+                          Limit("25/day", name="daily")])
     app = make_app(tiers=[tier], storage=memory, clock=clock)
     async with client_for(app) as client:
         passed = 0
@@ -104,8 +104,12 @@ async def test_tier_header_is_believed_only_from_trusted_proxies(
     assert claimed == [200, 429]
     assert through.headers["x-ratelimit-limit"] == "100"
     assert "taken from the x-plan header of every client" not in caplog.text
-    RateLimitMiddleware(Starlette().router, tiers=[Tier("free", "1/minute"), PRO],
-                        storage=memory, tier_header="x-plan")
+    RateLimitMiddleware(
+        Starlette().router,
+        tiers=[Tier("free", "1/minute"), PRO],
+        storage=memory,
+        settings=RateLimitSettings(tier_header="x-plan"),
+    )
     assert "taken from the x-plan header of every client" in caplog.text
 
 
@@ -122,13 +126,17 @@ def test_resolver_naming_unknown_tier_fails_at_startup(memory: MemoryStorage) ->
 def test_unknown_default_tier_fails_at_startup(memory: MemoryStorage) -> None:
     """default_tier must be one of the tiers."""
     with pytest.raises(ConfigError, match="unknown tier 'gold'"):
-        RateLimitMiddleware(Starlette().router, tiers=[FREE], storage=memory,
-                            default_tier="gold")
+        RateLimitMiddleware(
+            Starlette().router,
+            tiers=[FREE],
+            storage=memory,
+            settings=RateLimitSettings(default_tier="gold"),
+        )
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"limits": "ten per minute"}, "couldn't parse rate"),
-    ({"limits": [Limit.parse("1/minute"), Limit.parse("1/minute")]}, "two limits named"),
+    ({"limits": [Limit("1/minute"), Limit("1/minute")]}, "two limits named"),
     ({"limits": "1/minute", "concurrency": 0}, "concurrency must be a positive integer"),
     ({"limits": "1/minute", "shadow": frozenset({"nope"})}, "shadow names unknown"),
 ])
@@ -146,7 +154,7 @@ def test_concurrency_is_parsed() -> None:
 def test_unknown_algorithm_is_a_config_error() -> None:
     """An unknown algorithm names the known ones."""
     with pytest.raises(ConfigError, match="unknown algorithm"):
-        Tier("t", [Limit.parse("1/minute", "leaky")])
+        Tier("t", [Limit("1/minute", "leaky")])
 
 
 def test_concurrency_limits_are_refused_in_limit_lists() -> None:

@@ -22,8 +22,8 @@ pytestmark = pytest.mark.redis
 @pytest.fixture
 def server_url(redis_url: str, redis_prefix: str) -> Iterator[str]:
     """A uvicorn server (in a thread) running the middleware on Redis; its base URL."""
-    tier = Tier("t", [Limit.parse("1/second", "fixed_window", name="second"),
-                      Limit.parse("100/hour", name="hour")])
+    tier = Tier("t", [Limit("1/second", "fixed_window", name="second"),
+                      Limit("100/hour", name="hour")])
     app = make_app(tiers=[tier], storage_url=redis_url, storage_prefix=redis_prefix,
                    header_style="legacy+draft-11", failure_mode="closed")
     with serve(app) as url:

@@ -14,11 +14,18 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from ratelimit_mw import Limit, MemoryStorage, RedisStorage, Storage, StorageError
+from ratelimit_mw import (
+    Limit,
+    MemoryStorage,
+    RateLimitSettings,
+    RedisStorage,
+    Storage,
+    StorageError,
+)
 from ratelimit_mw.middleware import RateLimitMiddleware
-from ratelimit_mw.quota import quota_router, quota_routes
+from ratelimit_mw.quota import quota_router
 from ratelimit_mw.tiers import Tier, TierByAPIKey
-from tests.conftest import FakeClock, on_clock
+from tests.conftest import FakeClock, middleware_arguments, on_clock
 
 JAN_31 = datetime(2024, 1, 31, 23, 58, 30, tzinfo=UTC).timestamp()
 KEYS = {"key-a": "gold", "key-b": "basic"}
@@ -28,9 +35,9 @@ QUOTA = "/api/v1/account/quota"
 HISTORY = "/api/v1/account/quota/history"
 
 TIERS = [
-    Tier("basic", [Limit.parse("100/minute", "fixed_window", name="minute")]),
-    Tier("gold", [Limit.parse("60/minute", "fixed_window", name="minute"),
-                  Limit.parse("1000/day", "fixed_window", name="day"),
+    Tier("basic", [Limit("100/minute", "fixed_window", name="minute")]),
+    Tier("gold", [Limit("60/minute", "fixed_window", name="minute"),
+                  Limit("1000/day", "fixed_window", name="day"),
                   Limit.monthly(5)], concurrency=3),
 ]
 
@@ -68,12 +75,12 @@ async def build(
             app.add_api_route("/hello", hello)
             app.include_router(quota_router(allow_anonymous=options.pop("anonymous", False)))
         else:
-            app = Starlette(routes=[Route("/hello", hello), *quota_routes(
-                allow_anonymous=options.pop("anonymous", False))])
+            app = Starlette(routes=[Route("/hello", hello), *quota_router(
+                allow_anonymous=options.pop("anonymous", False)).routes])
         options.setdefault("quota_history", True)
-        app.add_middleware(RateLimitMiddleware, tiers=options.pop("tiers", TIERS), key="api_key",
-                           tier_resolver=TierByAPIKey(KEYS), storage=storage, clock=clock,
-                           default_tier="basic", **options)
+        app.add_middleware(RateLimitMiddleware, **middleware_arguments(
+            tiers=options.pop("tiers", TIERS), key="api_key", tier_resolver=TierByAPIKey(KEYS),
+            storage=storage, clock=clock, default_tier="basic", **options))
         made = httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=client),
                                  base_url="http://test")
         clients.append(made)
@@ -249,8 +256,8 @@ async def test_a_shadow_limit_is_not_reported_as_the_callers_limit(
         build: Build, clock: FakeClock) -> None:
     """A tier's shadow limit (tried out, never blocking) is left out of the quota: the
     limit and the count this minute are the enforced limit's."""
-    tiers = [Tier("basic", [Limit.parse("100/minute", "fixed_window", name="minute"),
-                            Limit.parse("5/minute", "sliding_window", name="trial")],
+    tiers = [Tier("basic", [Limit("100/minute", "fixed_window", name="minute"),
+                            Limit("5/minute", "sliding_window", name="trial")],
                   shadow=["trial"]), TIERS[1]]
     client = build(tiers=tiers, anonymous=True)
     for _ in range(10):
@@ -274,7 +281,7 @@ async def test_history_keeps_only_the_retention(build: Build, clock: FakeClock) 
 
 
 async def test_the_endpoints_need_the_middleware() -> None:
-    app = Starlette(routes=quota_routes())
+    app = Starlette(routes=quota_router().routes)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         with pytest.raises(RuntimeError, match="need RateLimitMiddleware"):
@@ -301,10 +308,16 @@ async def test_on_redis_today_and_the_period_are_redis_s_whatever_the_app_clock(
     import time
 
     storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, usage_retention=(168, 90))
-    app = Starlette(routes=[Route("/", hello), *quota_routes()])
-    app.add_middleware(RateLimitMiddleware, storage=storage, tiers=TIERS,
-                       tier_resolver=TierByAPIKey(KEYS), key="api_key", quota_history=True,
-                       clock=lambda: time.time() - 86_400 * behind)
+    app = Starlette(routes=[Route("/", hello), *quota_router().routes])
+    app.add_middleware(
+        RateLimitMiddleware,
+        storage=storage,
+        tiers=TIERS,
+        tier_resolver=TierByAPIKey(KEYS),
+        key="api_key",
+        clock=lambda: time.time() - 86_400 * behind,
+        settings=RateLimitSettings(quota_history=True),
+    )
     transport = httpx.ASGITransport(app=app, client=("198.51.100.4", 1))
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
@@ -338,10 +351,15 @@ async def test_while_the_storage_rests_the_quota_is_refused_at_once() -> None:
             reads += 1
             raise StorageError("redis went away")
 
-    app = Starlette(routes=[Route("/hello", hello), *quota_routes()])
-    app.add_middleware(RateLimitMiddleware, tiers=TIERS, key="api_key",
-                       tier_resolver=TierByAPIKey(KEYS), storage=Down(), quota_history=True,
-                       recovery_interval=30.0)
+    app = Starlette(routes=[Route("/hello", hello), *quota_router().routes])
+    app.add_middleware(
+        RateLimitMiddleware,
+        tiers=TIERS,
+        key="api_key",
+        tier_resolver=TierByAPIKey(KEYS),
+        storage=Down(),
+        settings=RateLimitSettings(quota_history=True, recovery_interval=30.0),
+    )
     transport = httpx.ASGITransport(app=app, client=("198.51.100.4", 1))
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         for _ in range(20):  # the decisions fail (fail open) until the breaker opens
@@ -368,10 +386,15 @@ async def test_failing_quota_reads_leave_the_decisions_storage_on(
         async def usage(self, *args: Any) -> Any:
             raise StorageError("Error 111 connecting to 10.0.3.7:6379. Connection refused.")
 
-    app = Starlette(routes=[Route("/hello", hello), *quota_routes()])
-    app.add_middleware(RateLimitMiddleware, tiers=TIERS, key="api_key",
-                       tier_resolver=TierByAPIKey(KEYS), storage=SlowReports(),
-                       quota_history=True)
+    app = Starlette(routes=[Route("/hello", hello), *quota_router().routes])
+    app.add_middleware(
+        RateLimitMiddleware,
+        tiers=TIERS,
+        key="api_key",
+        tier_resolver=TierByAPIKey(KEYS),
+        storage=SlowReports(),
+        settings=RateLimitSettings(quota_history=True),
+    )
     transport = httpx.ASGITransport(app=app, client=("198.51.100.4", 1))
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         replies = [await client.get(HISTORY, headers=B) for _ in range(30)]
@@ -398,9 +421,15 @@ async def test_a_stalled_quota_read_is_bounded() -> None:
         async def usage(self, *args: Any) -> Any:
             await asyncio.sleep(30)
 
-    app = Starlette(routes=[Route("/hello", hello), *quota_routes()])
-    app.add_middleware(RateLimitMiddleware, tiers=TIERS, key="api_key",
-                       tier_resolver=TierByAPIKey(KEYS), storage=Stalls(), quota_history=True)
+    app = Starlette(routes=[Route("/hello", hello), *quota_router().routes])
+    app.add_middleware(
+        RateLimitMiddleware,
+        tiers=TIERS,
+        key="api_key",
+        tier_resolver=TierByAPIKey(KEYS),
+        storage=Stalls(),
+        settings=RateLimitSettings(quota_history=True),
+    )
     transport = httpx.ASGITransport(app=app, client=("198.51.100.4", 1))
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         started = time.monotonic()

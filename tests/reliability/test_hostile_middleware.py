@@ -43,10 +43,16 @@ async def item(request: Request) -> Response:
 def _app(key: str) -> ASGIApp:
     inner = Starlette(routes=[Route("/", ok), Route("/items/{id}", item)])
     return RateLimitMiddleware(
-        inner, storage=MemoryStorage(max_keys=1000), key=key,
+        inner,
+        storage=MemoryStorage(max_keys=1000),
+        key=key,
         tiers=[Tier("free", "5/minute"), Tier("pro", "50/minute; 1000/day")],
-        tier_header="x-tier", header_style="legacy+draft-11",
-        trusted_proxies=["127.0.0.1", "10.0.0.0/8", "2001:db8::/32"])
+        settings=RateLimitSettings(
+            tier_header="x-tier",
+            header_style="legacy+draft-11",
+            trusted_proxies=["127.0.0.1", "10.0.0.0/8", "2001:db8::/32"],
+        ),
+    )
 
 
 APPS = {key: _app(key) for key in ("ip", "api_key")}
@@ -265,7 +271,7 @@ def _load(where: str, value: Any) -> RateLimitMiddleware:
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "ratelimit.toml"
         path.write_text(_toml(config), encoding="utf-8")
-        return RateLimitMiddleware(Starlette(), RateLimitSettings.from_toml(path))
+        return RateLimitMiddleware(Starlette(), settings=RateLimitSettings.from_toml(path))
 
 
 @pytest.mark.parametrize(("where", "value"), [("tiers.free.limits.0.burst", True),
@@ -287,7 +293,7 @@ def test_a_bad_rate_is_refused_at_startup_by_name(rate: str) -> None:
     """A random rate string as the default limits, a tier or a route limit: accepted, or a
     ConfigError (or the settings' ValidationError) whose message quotes it."""
     builders: list[Callable[[], object]] = [
-        lambda: RateLimitMiddleware(Starlette(), default_limits=rate),
+        lambda: RateLimitMiddleware(Starlette(), settings=RateLimitSettings(default_limits=rate)),
         lambda: Tier("t", rate),
         lambda: limit(rate),
     ]

@@ -21,8 +21,8 @@ FLOOD = textwrap.dedent("""
 
     async def main():
         storage = MemoryStorage(max_keys=100_000)
-        hits = [Hit(Limit.parse("10/minute", "token_bucket", burst=20)),
-                Hit(Limit.parse("1000/day", "fixed_window"))]
+        hits = [Hit(Limit("10/minute", "token_bucket", burst=20)),
+                Hit(Limit("1000/day", "fixed_window"))]
         await storage.decide("hot", hits)
         before = rss_mb()
         full = peak = before

@@ -43,7 +43,7 @@ async def _exhaust_in_redis(url: str, prefix: str, ip: str) -> None:
     storage = RedisStorage.from_url(url, prefix=prefix)
     try:
         # The tier's limits are hits of scope "" (see ratelimit_mw.plans.make_plan).
-        verdict = await storage.decide(f"ip:{ip}", [Hit(Limit.parse(TIER), cost=1_000_000)])
+        verdict = await storage.decide(f"ip:{ip}", [Hit(Limit(TIER), cost=1_000_000)])
         assert verdict.allowed
     finally:
         await storage.close()

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from ratelimit_mw import RateLimitSettings
 from ratelimit_mw.events import DecisionEvent
 from ratelimit_mw.middleware import RateLimitMiddleware
 from ratelimit_mw.tiers import Tier
@@ -42,10 +43,18 @@ async def test_limits_exact_again_after_a_sentinel_failover(
     redis_sentinel.wait_until_ready()
     events: list[DecisionEvent] = []
     app = RateLimitMiddleware(
-        Starlette(routes=[Route("/", ok)]), tiers=[Tier("t", f"{LIMIT}/hour")],
-        storage_url=redis_sentinel_url, storage_prefix=f"rlrel:{uuid.uuid4().hex[:12]}:",
-        storage_timeout=0.5, recovery_interval=0.3, failure_mode="closed",
-        trusted_proxies=["127.0.0.1"], on_decision=events.append)
+        Starlette(routes=[Route("/", ok)]),
+        tiers=[Tier("t", f"{LIMIT}/hour")],
+        on_decision=events.append,
+        settings=RateLimitSettings(
+            storage_url=redis_sentinel_url,
+            storage_prefix=f"rlrel:{uuid.uuid4().hex[:12]}:",
+            storage_timeout=0.5,
+            recovery_interval=0.3,
+            failure_mode="closed",
+            trusted_proxies=["127.0.0.1"],
+        ),
+    )
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1234))
     old = redis_sentinel.current_primary()
     try:

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from ratelimit_mw import RateLimitSettings
 from ratelimit_mw.events import DecisionEvent
 from ratelimit_mw.middleware import RateLimitMiddleware
 from ratelimit_mw.tiers import Tier
@@ -48,10 +49,17 @@ async def _run(redis: RedisProcess, delay: float, mode: str, seconds: float,
     events: list[DecisionEvent] = []
     async with DelayProxy(redis.port, delay) as proxy:
         app = RateLimitMiddleware(
-            Starlette(routes=[Route("/", ok)]), tiers=[Tier("t", "1000000/day")],
-            storage_url=f"redis://127.0.0.1:{proxy.port}/0", storage_prefix="rlrel:slow:",
-            storage_timeout=timeout, recovery_interval=0.3, failure_mode=mode,
-            on_decision=events.append)
+            Starlette(routes=[Route("/", ok)]),
+            tiers=[Tier("t", "1000000/day")],
+            on_decision=events.append,
+            settings=RateLimitSettings(
+                storage_url=f"redis://127.0.0.1:{proxy.port}/0",
+                storage_prefix="rlrel:slow:",
+                storage_timeout=timeout,
+                recovery_interval=0.3,
+                failure_mode=mode,
+            ),
+        )
         latencies: list[float] = []
         responses: list[httpx.Response] = []
         transport = httpx.ASGITransport(app=app, client=("192.0.2.1", 1234))
