@@ -60,24 +60,6 @@ def _find(entry: Entry, slot: tuple[str, str]) -> int:
     return -1
 
 
-def _live(entry: Entry | None, slot: tuple[str, str], now: int) -> Any:
-    """The state of ``slot`` at ``now``, or None (none kept, or expired)."""
-    if entry is None:
-        return None
-    i = _find(entry, slot)
-    return entry[i + 1] if i >= 0 and entry[i + 2] > now else None
-
-
-def _set_cell(cells: list[Any], slot: tuple[str, str], state: Any, expires: int) -> None:
-    """Put ``slot``'s ``state`` until ``expires`` in ``cells`` (an entry's, in threes)."""
-    for i in range(0, len(cells), 3):
-        if cells[i] == slot:
-            cells[i + 1] = state
-            cells[i + 2] = expires
-            return
-    cells += (slot, state, expires)
-
-
 def _with_cell(entry: Entry, i: int, slot: tuple[str, str], state: Any,
                expires: int) -> Entry:
     """``entry`` with ``slot`` (at index ``i``, -1: none yet) holding ``state`` until
@@ -150,24 +132,33 @@ class MemoryStorage(Storage):
         if len(hits) == 1:
             return self._decide_one(key, entry, hits[0], now, usage)
         hits = merge_hits(hits)
+        # The identity's cells as a list, and where each slot's three are in it: read
+        # for every hit, updated in place, made one tuple at the end.
+        cells = list(entry[_FIRST_CELL:]) if entry is not None else []
+        where = dict(zip(cells[0::3], range(0, len(cells), 3)))  # noqa: B905 - equal
         steps = []
         allowed = True
         for hit in hits:
-            step = run(hit.limit, _live(entry, hit.slot, now), now, hit.cost)
+            i = where.get(hit.slot, -1)
+            step = run(hit.limit, cells[i + 1] if i >= 0 and cells[i + 2] > now else None,
+                       now, hit.cost)
             steps.append(step)
             if not step[0]:
                 allowed = False
         leases: tuple[Lease, ...] = ()
         if allowed:
-            # One new entry for all the hits: its cells as a list, updated in place.
-            cells = list(entry[_FIRST_CELL:]) if entry is not None else []
             expires = entry[0] if entry is not None else 0
             charged = False
             for hit, step in zip(hits, steps):  # noqa: B905 - one step per hit
                 if hit.cost:
                     state, lease = self._leased(key, hit, step[4], now)
                     ends = now + step[2]
-                    _set_cell(cells, hit.slot, state, ends)
+                    i = where.get(hit.slot, -1)
+                    if i < 0:
+                        where[hit.slot] = len(cells)
+                        cells += (hit.slot, state, ends)
+                    else:
+                        cells[i + 1], cells[i + 2] = state, ends
                     expires = max(expires, ends)
                     charged = True
                     if lease is not None:
@@ -179,7 +170,10 @@ class MemoryStorage(Storage):
             # Report what the admitted limits look like without this request's cost.
             for i, hit in enumerate(hits):
                 if steps[i][0] and hit.cost:
-                    steps[i] = run(hit.limit, _live(entry, hit.slot, now), now, 0)
+                    j = where.get(hit.slot, -1)
+                    steps[i] = run(hit.limit,
+                                   cells[j + 1] if j >= 0 and cells[j + 2] > now else None,
+                                   now, 0)
         # tuple.__new__ skips the named tuple's Python-level __new__: this runs per request.
         return _new(Verdict, (allowed, tuple([
             decision_from(hit, step[0], step[1], step[2], step[3])
