@@ -1,15 +1,18 @@
 # The example app (example_app/) on ratelimit_mw; docker-compose.yml runs it on Redis.
 FROM python:3.11-slim
 
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+# PROMETHEUS_MULTIPROC_DIR: the workers' metrics files, summed by GET /metrics (empty in
+# every new container; docker-compose.yml mounts a tmpfs there).
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PROMETHEUS_MULTIPROC_DIR=/tmp/ratelimit-metrics
 WORKDIR /app
 
 COPY pyproject.toml README.md ./
 COPY ratelimit_mw ./ratelimit_mw
-RUN pip install --no-cache-dir '.[fastapi]' 'uvicorn>=0.30'
+RUN pip install --no-cache-dir '.[fastapi,prometheus]' 'uvicorn>=0.30'
 
 COPY example_app ./example_app
-RUN useradd --create-home app
+RUN useradd --create-home app && mkdir -p /tmp/ratelimit-metrics \
+    && chown app /tmp/ratelimit-metrics
 USER app
 
 EXPOSE 8000

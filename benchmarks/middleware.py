@@ -21,6 +21,8 @@ Apps (this module is also the uvicorn app module, see ``create_app``):
     floor    the least a limiter must do beyond that: a fixed-window count per client
              IP in a dict, its remaining count and reset formatted into the headers
     memory   + the middleware on memory storage, every request admitted
+    memory-metrics
+             memory, counted by Prometheus metrics (``ratelimit_mw.metrics``)
     redis    + the middleware on Redis, every request admitted
     denial   + the middleware on Redis, the one client over its limit (answered
              from the local cache of blocked keys, no Redis call)
@@ -60,8 +62,8 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-APPS = ("bare", "headers", "floor", "quiet", "memory", "redis", "denial", "memory-tier",
-        "redis-tier")
+APPS = ("bare", "headers", "floor", "quiet", "memory", "memory-metrics", "redis", "denial",
+        "memory-tier", "redis-tier")
 PEERS = (  # the other libraries doing the same job, from benchmarks/peer_apps.py
     "limits-memory", "limits-redis", "slowapi-memory", "slowapi-redis",
     "asgi-ratelimit-memory", "asgi-ratelimit-redis", "fastapi-limiter-memory",
@@ -109,6 +111,15 @@ def create_app() -> Starlette:
             settings=RateLimitSettings(
                 storage_url="memory://" if kind != "redis" else redis_url,
                 header_style="none" if kind == "quiet" else "legacy", **common),
+        )
+    elif kind == "memory-metrics":
+        from ratelimit_mw.metrics import PrometheusMetrics
+
+        app.add_middleware(
+            RateLimitMiddleware,
+            tiers=[Tier("t", "1000000000/minute")],
+            settings=RateLimitSettings(storage_url="memory://", **common),
+            metrics=PrometheusMetrics(),
         )
     elif kind in ("memory-tier", "redis-tier"):
         from ratelimit_mw.policy import Limit

@@ -6,6 +6,10 @@ Sentinel URL) says otherwise, for the idempotency records as for the limits; the
 tiers come from ``tiers.toml`` next to this file, and every other ``RATELIMIT_*``
 variable overrides it.
 
+``GET /metrics`` serves Prometheus metrics (``EXAMPLE_METRICS=off`` turns them off);
+with several workers, ``PROMETHEUS_MULTIPROC_DIR`` names the directory they share
+(``scripts/run-example``, the Dockerfile and docker-compose.yml set it up).
+
 Callers send ``X-API-Key: demo-free`` (or ``demo-starter``, ``demo-pro``,
 ``demo-enterprise``); without a key they get the anonymous tier, keyed by client
 IP; an unknown key gets 401 before anything is counted.
@@ -26,6 +30,8 @@ from typing import Any
 from fastapi import Depends, FastAPI, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ratelimit_mw import (
@@ -44,6 +50,7 @@ from ratelimit_mw.idempotency import (
     MemoryIdempotencyStore,
     RedisIdempotencyStore,
 )
+from ratelimit_mw.metrics import PrometheusMetrics
 from ratelimit_mw.openapi import document_limits
 
 TIERS_FILE = Path(__file__).with_name("tiers.toml")
@@ -55,6 +62,9 @@ API_KEYS = {
 }
 
 settings = RateLimitSettings.from_toml(TIERS_FILE)
+
+metrics = (None if os.environ.get("EXAMPLE_METRICS", "on").lower() in ("off", "0", "false")
+           else PrometheusMetrics())
 
 
 class ErrorBody(BaseModel):
@@ -124,6 +134,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     gc.freeze()
     yield
     await idempotency_store.close()
+    if metrics is not None:
+        metrics.process_exited()
 
 
 app = FastAPI(title="ratelimit_mw example", lifespan=lifespan)
@@ -134,6 +146,8 @@ app = FastAPI(title="ratelimit_mw example", lifespan=lifespan)
 upstream_breaker = CircuitBreaker(
     name="upstream", window_size=10, minimum_calls=5, failure_rate_threshold=50.0,
     cooldown=10.0)
+if metrics is not None:
+    metrics.watch(upstream_breaker)
 
 
 class UpstreamError(Exception):
@@ -193,17 +207,29 @@ async def upstream(failure_rate: float = Query(0.0, ge=0, le=1)) -> JSONResponse
     return JSONResponse(result)
 
 
-app.include_router(quota_router(), responses=UNKNOWN_KEY)
+app.include_router(quota_router())  # document_limits describes its two routes
+
+
+@exempt
+async def metrics_page(request: Request) -> Response:
+    """Prometheus's scrape target (summed over the workers in multiprocess mode)."""
+    assert metrics is not None  # the route exists only with metrics on
+    return await metrics.endpoint(request)
+
+
+if metrics is not None:
+    app.add_route("/metrics", metrics_page, include_in_schema=False)
 
 # Outermost last: unknown keys are refused first, then requests are rate limited,
 # then a keyed payment is run at most once (its record is the caller's the rate limiter
 # resolved, sending the same credentials).
 app.add_middleware(IdempotencyMiddleware, store=idempotency_store,
-                   required=["POST /api/v1/payments"])
+                   required=["POST /api/v1/payments"], metrics=metrics)
 # (mypy: Starlette's middleware-factory protocol can't express a positional-or-keyword
 # ``settings`` parameter; the call is right.)
 app.add_middleware(RateLimitMiddleware, settings=settings,  # type: ignore[arg-type]
-                   tier_resolver=TierByAPIKey(API_KEYS, header=settings.api_key_header))
+                   tier_resolver=TierByAPIKey(API_KEYS, header=settings.api_key_header),
+                   metrics=metrics)
 app.add_middleware(APIKeyAuth, keys=API_KEYS, open_paths=("/health",),
                    header=settings.api_key_header)
 # /openapi.json and /docs tell the limits, the 429 and 503, and the Idempotency-Key.

@@ -21,6 +21,7 @@ from .checks import positive_seconds
 from .decision import Verdict
 from .errors import ConfigError, StorageError, describe_error
 from .events import Source
+from .metrics import Metrics, error_kind
 from .policy import Hit
 from .storage import MemoryStorage, Storage
 
@@ -67,7 +68,8 @@ class GuardedStorage:
     ``MemoryStorage`` instead, so limits still hold per process.
     """
 
-    __slots__ = ("breaker", "fallback", "mode", "stats", "storage", "timeout")
+    __slots__ = ("breaker", "fallback", "metrics", "mode", "recovery_interval", "stats",
+                 "storage", "timeout")
 
     def __init__(
         self,
@@ -78,11 +80,13 @@ class GuardedStorage:
         recovery_interval: object = 2.0,
         breaker: Gate | None = None,
         clock: Callable[[], float] = time.time,
+        metrics: Metrics | None = None,
     ) -> None:
         # Checked arguments typed object: see ``checks``.
         self.mode = check_mode(mode)
         self.timeout = positive_seconds("storage timeout", timeout)
         cooldown = positive_seconds("recovery interval", recovery_interval)
+        self.recovery_interval = cooldown
         self.storage = storage
         self.breaker: Gate = breaker if breaker is not None else CircuitBreaker(
             name="ratelimit-storage", window_size=10, minimum_calls=3,
@@ -91,11 +95,19 @@ class GuardedStorage:
         )
         self.fallback = MemoryStorage(clock=clock) if self.mode == "memory" else None
         self.stats = FailureStats()
+        self.metrics = metrics
+        """Told each decision's storage call time and failures, and the breaker's state."""
+        if metrics is not None and isinstance(self.breaker, CircuitBreaker):
+            metrics.watch(self.breaker)
 
     @property
     def retry_after(self) -> int:
-        """Whole seconds a refused client should wait (at least 1)."""
-        return max(1, math.ceil(self.breaker.remaining_cooldown))
+        """Whole seconds a refused client should wait (at least 1): until the breaker's
+        next trial call. While the breaker is open, the rest of its cooldown; before it
+        opens (the first failures) or while a trial runs, a whole ``recovery_interval``,
+        when a breaker opening now would try the storage again."""
+        left = self.breaker.remaining_cooldown
+        return max(1, math.ceil(left if left > 0 else self.recovery_interval))
 
     async def decide(
         self, key: str, hits: Sequence[Hit], *, usage: int = 0,
@@ -108,6 +120,8 @@ class GuardedStorage:
         if permit is None:
             self.stats.skipped += 1
             return self._degraded(key, hits, usage)
+        metrics = self.metrics
+        started = time.perf_counter() if metrics is not None else 0.0
         try:
             verdict = await self.storage.decide_within(self.timeout, key, hits, usage=usage)
         except Exception as exc:
@@ -115,6 +129,9 @@ class GuardedStorage:
             # storage) is the failure policy's business, never a 500.
             permit.record_failure()
             self.stats.failures += 1
+            if metrics is not None:
+                metrics.storage_call(time.perf_counter() - started)
+                metrics.storage_error(error_kind(exc))
             _log.warning(
                 "ratelimit_mw storage failure: event=storage_failure mode=%s error=%s",
                 self.mode, describe_error(exc),
@@ -126,6 +143,8 @@ class GuardedStorage:
             permit.release()
             raise
         permit.record_success()
+        if metrics is not None:
+            metrics.storage_call(time.perf_counter() - started)
         return verdict, "storage"
 
     async def read(self, call: Callable[[], Awaitable[T]]) -> T:

@@ -26,6 +26,7 @@ from .events import DecisionEvent, DecisionHook, Source, call_hook, log_denial
 from .failure import GuardedStorage
 from .headers import HeaderFormat
 from .identity import Caller, Identity
+from .metrics import Metrics
 from .outcome import Charge, Outcome
 from .plans import Plan, Plans, enforced_denial, with_shadowed
 from .route_table import RouteTable
@@ -68,6 +69,7 @@ class Limiter:
         identity: Identity, rules: Sequence[RouteRule] = (),
         on_decision: DecisionHook | None = None, clock: Callable[[], float] = time.time,
         breaker: Gate | None = None, remade_denials: bool = False,
+        metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
         self.storage = storage
@@ -76,7 +78,8 @@ class Limiter:
         """The wall clock (epoch seconds) times are reported on."""
         self.guarded = GuardedStorage(
             storage, mode=settings.failure_mode, timeout=settings.storage_timeout,
-            recovery_interval=settings.recovery_interval, breaker=breaker, clock=clock)
+            recovery_interval=settings.recovery_interval, breaker=breaker, clock=clock,
+            metrics=metrics)
         self._format = HeaderFormat(settings.header_style, partition_key=settings.partition_key)
         self._shadow = settings.shadow
         self._usage = settings.quota_history

@@ -29,10 +29,11 @@ from .breaker import Gate
 from .callbacks import is_async_callable
 from .decision import Lease
 from .disconnects import DisconnectWatch, DisconnectWatches
-from .events import DecisionHook, Source
+from .events import DecisionEvent, DecisionHook, Source
 from .headers import retry_after_value
 from .identity import KeyFunc, identity_from
 from .limiter import STATE_KEY, Limiter
+from .metrics import Metrics
 from .outcome import Outcome
 from .responses import Denial, DeniedHook, denial_body, send_response, unavailable_body
 from .routes import RouteRule
@@ -58,7 +59,9 @@ class RateLimitMiddleware:
     sync/async callable of the scope), a ``tier_resolver`` (sync/async callable of
     the scope returning a tier name), route ``rules``, an ``on_denied`` hook for a
     custom 429, an ``on_decision`` hook for metrics, a ``clock`` (epoch seconds) and
-    a circuit ``breaker`` for the storage.
+    a circuit ``breaker`` for the storage, and ``metrics`` (a ``PrometheusMetrics`` or
+    ``OTelMetrics`` of ``ratelimit_mw.metrics``) to count decisions, storage calls,
+    slots and the storage breaker's state.
     """
 
     def __init__(
@@ -75,10 +78,11 @@ class RateLimitMiddleware:
         on_decision: DecisionHook | None = None,
         clock: Callable[[], float] = time.time,
         breaker: Gate | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         _check_objects(settings=settings, storage=storage, tier_resolver=tier_resolver,
                        on_denied=on_denied, on_decision=on_decision, clock=clock,
-                       breaker=breaker)
+                       breaker=breaker, metrics=metrics)
         if settings is None:
             settings = RateLimitSettings()
         self.app = app
@@ -89,15 +93,19 @@ class RateLimitMiddleware:
         self._owns_storage = storage is None
         if storage is None:
             storage = _storage_from(settings, clock)
+        if metrics is not None:
+            on_decision = (metrics.decision if on_decision is None
+                           else _both(on_decision, metrics.decision))
         self.limiter = Limiter(app, settings, storage=storage, identity=identity, rules=rules,
                                on_decision=on_decision, clock=clock, breaker=breaker,
-                               remade_denials=on_denied is not None)
+                               remade_denials=on_denied is not None, metrics=metrics)
         for pattern in self.limiter.routes.unreachable():
             _log.warning("ratelimit_mw: the route pattern %r matches no route of the app "
                          "(as its routes are when the middleware starts); its limits or "
                          "exemption never apply", pattern)
         self.slots = Slots(storage, self.limiter.guarded.fallback,
-                           lease=settings.concurrency_lease, timeout=settings.storage_timeout)
+                           lease=settings.concurrency_lease, timeout=settings.storage_timeout,
+                           metrics=metrics)
         self._watches = DisconnectWatches()
 
     @property
@@ -135,15 +143,14 @@ class RateLimitMiddleware:
             await self.app(scope, receive,
                            AddingHeaders(send, outcome.headers) if outcome.headers else send)
             return
-        await self._holding_slots(scope, receive, send, outcome.headers, verdict.leases,
-                                  outcome.source)
+        await self._holding_slots(scope, receive, send, outcome, verdict.leases)
 
     async def _holding_slots(self, scope: Scope, receive: Receive, send: Send,
-                             headers: list[tuple[bytes, bytes]], leases: tuple[Lease, ...],
-                             source: Source) -> None:
+                             outcome: Outcome, leases: tuple[Lease, ...]) -> None:
         """Run the app while the request holds concurrency slots (see ``ReleasingSlots``
         for when they go back), renewed while it runs."""
-        self.slots.hold(leases, source)
+        headers, source = outcome.headers, outcome.source
+        self.slots.hold(leases, source, outcome.plan.tier.name)
         sending = ReleasingSlots(send, headers, self.slots, leases, source,
                                  scope["method"] == "HEAD")
         watch = DisconnectWatch(receive, sending.release_soon, self._watches)
@@ -238,7 +245,7 @@ class RateLimitMiddleware:
             return
         # A websocket holds its slot while it is connected, its lease renewed meanwhile.
         leases, source = verdict.leases, outcome.source
-        self.slots.hold(leases, source)
+        self.slots.hold(leases, source, outcome.plan.tier.name)
         try:  # not a finally: see _holding_slots
             await self.app(scope, receive, send)
         except BaseException as exc:
@@ -277,7 +284,16 @@ def _websocket_response(send: Send) -> Send:
     return send_as_denial
 
 
-def _check_objects(*, settings: object, storage: object, breaker: object,
+def _both(first: DecisionHook, second: DecisionHook) -> DecisionHook:
+    """One decision hook that runs ``first``, then ``second``."""
+    def both(event: DecisionEvent) -> None:
+        first(event)
+        second(event)
+
+    return both
+
+
+def _check_objects(*, settings: object, storage: object, breaker: object, metrics: object,
                    **callables: object) -> None:
     """A TypeError naming any argument given as an object that can't do its job (it
     would otherwise fail on the first request, or never)."""
@@ -286,6 +302,10 @@ def _check_objects(*, settings: object, storage: object, breaker: object,
         raise TypeError(msg)
     if storage is not None and not isinstance(storage, Storage):
         msg = f"storage must be a ratelimit_mw Storage (e.g. MemoryStorage()), got {storage!r}"
+        raise TypeError(msg)
+    if metrics is not None and not isinstance(metrics, Metrics):
+        msg = (f"metrics must be a ratelimit_mw.metrics.Metrics (e.g. PrometheusMetrics()), "
+               f"got {metrics!r}")
         raise TypeError(msg)
     if breaker is not None and not callable(getattr(breaker, "try_acquire", None)):
         msg = f"breaker must be a circuit breaker (e.g. CircuitBreaker()), got {breaker!r}"

@@ -283,8 +283,8 @@ def quota_router(path: str = QUOTA_PATH, *, allow_anonymous: bool = False) -> Ro
 
     FastAPI: ``app.include_router(quota_router())`` (it is then a FastAPI
     ``APIRouter``); Starlette: ``Starlette(routes=[*quota_router().routes])``. The
-    routes are plain Starlette routes, so they serve in either app (and stay out of
-    FastAPI's OpenAPI schema).
+    routes are plain Starlette routes, so they serve in either app; FastAPI leaves them
+    out of its OpenAPI document, and ``ratelimit_mw.openapi.document_limits`` adds them.
     """
     endpoints = _QuotaEndpoints(allow_anonymous=allow_anonymous)
     routes = [

@@ -95,7 +95,8 @@ class RouteTable:
             return EXEMPT
         rules = [rule for rule in self.rules if rule.matches(method, path)]
         if route is None:
-            return _spec(path, (), rules, False, None) if rules else NO_ROUTE
+            # Labelled by the pattern, not the path: labels stay few (metrics, logs).
+            return _spec(rules[0].path, (), rules, False, None) if rules else NO_ROUTE
         marks, is_exempt, route_cost = _endpoint_marks(route, method)
         return _spec(label, marks, rules, is_exempt, route_cost, _methods(route, method))
 
@@ -137,8 +138,20 @@ def _spec(label: str, marks: Iterable[RouteLimit], rules: Iterable[RouteRule],
     if is_exempt:
         return EXEMPT
     if not hits and not costs:
-        return NO_ROUTE
+        return _unlimited(label)
     return RouteSpec(label, False, max(costs, default=1), tuple(hits), tuple(shadow))
+
+
+_UNLIMITED: dict[str, RouteSpec] = {}
+
+
+def _unlimited(label: str) -> RouteSpec:
+    """The one spec of each route template without limits of its own (so that its
+    requests share a plan, and metrics and logs still name their route)."""
+    spec = _UNLIMITED.get(label)
+    if spec is None:
+        spec = _UNLIMITED[label] = RouteSpec(label) if label else NO_ROUTE
+    return spec
 
 
 _HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE")

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from .decision import Lease
 from .errors import describe_error
 from .events import Source
+from .metrics import Metrics
 from .policy import Limit
 from .storage import Storage
 
@@ -28,11 +29,14 @@ class Slots:
     """The slots held on ``storage`` (and on the ``fallback`` that decides while it is
     down), with one verb for giving them back: ``release``."""
 
-    __slots__ = ("_batch", "_fallback", "_renewals", "_storage", "_tasks")
+    __slots__ = ("_batch", "_fallback", "_metrics", "_renewals", "_storage", "_tasks",
+                 "_tiers")
 
     def __init__(self, storage: Storage, fallback: Storage | None, *, lease: float,
-                 timeout: float) -> None:
+                 timeout: float, metrics: Metrics | None = None) -> None:
         self._storage = storage
+        self._metrics = metrics
+        self._tiers: dict[int, str] = {}  # id(leases) -> tier, while held (for metrics)
         self._fallback = fallback
         self._renewals = _Renewals(lease, self.storage_of)
         # A release awaited on the storage waits at most this long (a second at least: a
@@ -46,22 +50,29 @@ class Slots:
             return self._fallback
         return self._storage
 
-    def hold(self, leases: tuple[Lease, ...], source: Source) -> None:
-        """``leases``, granted by the storage of ``source``, are held from now: renewed
-        until ``drop``."""
+    def hold(self, leases: tuple[Lease, ...], source: Source, tier: str = "") -> None:
+        """``leases``, granted by the storage of ``source`` to a request of ``tier``, are
+        held from now: renewed until ``drop``."""
         self._renewals.hold(leases, source)
+        if self._metrics is not None:
+            self._tiers[id(leases)] = tier
+            self._metrics.slots_in_flight(tier, len(leases))
 
     def drop(self, leases: tuple[Lease, ...]) -> None:
         """``leases`` are given back (or about to be): no more renewing."""
         self._renewals.drop(leases)
+        if self._metrics is not None:
+            tier = self._tiers.pop(id(leases), None)
+            if tier is not None:
+                self._metrics.slots_in_flight(tier, -len(leases))
 
     def release_now(self, leases: tuple[Lease, ...], source: Source) -> bool:
         """Give ``leases`` back without awaiting, if their storage can (see
         ``Storage.release_now``); False when ``release`` must be awaited."""
         try:
-            return self.storage_of(source).release_now(leases, _could_not_release)
+            return self.storage_of(source).release_now(leases, self._not_released)
         except Exception as exc:
-            _could_not_release(leases, exc)
+            self._not_released(leases, exc)
             return True  # given up on: the lease ends it
 
     async def release(self, leases: tuple[Lease, ...], source: Source) -> None:
@@ -81,7 +92,13 @@ class Slots:
                 return
             await asyncio.shield(done)
         except Exception as exc:
-            _could_not_release(leases, exc)
+            self._not_released(leases, exc)
+
+    def _not_released(self, leases: Sequence[Lease], exc: BaseException) -> None:
+        """Log (and count) slots that could not be given back."""
+        _could_not_release(leases, exc)
+        if self._metrics is not None:
+            self._metrics.slot_release_failed(len(leases))
 
     def release_soon(self, leases: tuple[Lease, ...], source: Source) -> None:
         """Give ``leases`` back now if their storage can, else in a task of their own."""

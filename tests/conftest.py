@@ -1,12 +1,10 @@
-"""Shared fixtures: a real Redis (started here when none answers) and the storage matrix."""
+"""Shared fixtures: a real Redis (our own, unless $REDIS_URL names a shared one) and the
+storage matrix."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import socket
-import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -14,6 +12,7 @@ from typing import Any
 
 import pytest
 import redis as sync_redis
+from redis.connection import parse_url
 
 from ratelimit_mw import (
     MemoryStorage,
@@ -24,7 +23,40 @@ from ratelimit_mw import (
 
 pytest_plugins = ["tests.redis_servers"]
 
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+SHARED_REDIS_VARIABLE = "REDIS_URL"
+QUICK_LOOP_LEAVES_OUT = ("slow", "reliability")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--every-test", action="store_true",
+                     help="run the slow and reliability tests even without paths or -m")
+
+
+def _quick_loop(config: pytest.Config) -> bool:
+    """A bare ``pytest`` (no paths, no -m): the quick loop a developer runs between edits."""
+    return (config.args_source is pytest.Config.ArgsSource.TESTPATHS
+            and not config.option.markexpr and not config.option.every_test)
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if not _quick_loop(config):
+        return None
+    return ("quick loop: slow and reliability tests left out "
+            "(--every-test, a path or -m runs them; ./scripts/test runs everything)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave the slow and reliability tests out of the quick loop."""
+    if not _quick_loop(config):
+        return
+    kept: list[pytest.Item] = []
+    left_out: list[pytest.Item] = []
+    for item in items:
+        slow = any(item.get_closest_marker(name) for name in QUICK_LOOP_LEAVES_OUT)
+        (left_out if slow else kept).append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
 
 
 # The middleware's own keyword arguments (compiled, its class has no signature to read).
@@ -63,38 +95,41 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    """A Redis URL that answers: $REDIS_URL, the default port, or a throwaway server."""
-    url = os.environ.get("REDIS_URL", DEFAULT_REDIS_URL)
-    if _answers(url):
-        yield url
-        return
-    server = shutil.which("redis-server")
-    if server is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"no Redis answers at {url} and redis-server is not installed")
-        pytest.skip(f"no Redis answers at {url} and redis-server is not installed")
-    port = free_port()
-    workdir = tempfile.mkdtemp(prefix="ratelimit-redis-")
-    proc = subprocess.Popen(
-        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", workdir],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    deadline = time.monotonic() + 10
-    while not _answers(url):
-        if time.monotonic() > deadline or proc.poll() is not None:
-            proc.kill()
-            pytest.fail(f"the throwaway redis-server on port {port} did not start")
-        time.sleep(0.05)
+def shared_redis_problem(url: str) -> str | None:
+    """Why the suite must not count on the shared Redis at ``url``, or None when it may.
+
+    A server the suite did not start may hold someone's data: database 0, where it
+    usually lives, is refused, so a shared server is used only on a database named for it.
+    """
     try:
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        shutil.rmtree(workdir, ignore_errors=True)
+        options = parse_url(url)
+    except ValueError as exc:
+        return f"${SHARED_REDIS_VARIABLE}={url!r} is not a Redis URL: {exc}"
+    if int(options.get("db") or 0) == 0:
+        return (f"${SHARED_REDIS_VARIABLE}={url!r} names database 0 of a shared server, "
+                "which may hold someone's data; name a database of the tests' own "
+                "(e.g. redis://127.0.0.1:6379/15), or leave the variable unset so the "
+                "tests start their own redis-server")
+    return None
+
+
+@pytest.fixture(scope="session")
+def redis_url(request: pytest.FixtureRequest) -> str:
+    """The Redis most tests count on: a redis-server this session starts on a free port,
+    or a shared server when $REDIS_URL names one (and a database other than 0).
+
+    Tests run nothing there but their own keys, under ``redis_prefix``; anything that
+    affects the whole server (SCRIPT FLUSH, FLUSHDB, restarts) runs on ``own_redis_url``.
+    """
+    shared = os.environ.get(SHARED_REDIS_VARIABLE)
+    if not shared:
+        return str(request.getfixturevalue("own_redis_url"))
+    problem = shared_redis_problem(shared)
+    if problem is not None:
+        pytest.fail(problem)
+    if not _answers(shared):
+        pytest.fail(f"no Redis answers at ${SHARED_REDIS_VARIABLE}={shared!r}")
+    return shared
 
 
 @pytest.fixture
@@ -144,7 +179,9 @@ def clock() -> FakeClock:
 StorageFactory = Callable[..., Storage]
 
 
-@pytest.fixture(params=["memory", "redis", "cluster", "sentinel"])
+# Cluster and Sentinel deployments take seconds to start: not in the quick loop.
+@pytest.fixture(params=["memory", "redis", pytest.param("cluster", marks=pytest.mark.slow),
+                        pytest.param("sentinel", marks=pytest.mark.slow)])
 async def make_storage(
     request: pytest.FixtureRequest,
 ) -> AsyncIterator[StorageFactory]:

@@ -1,4 +1,5 @@
-"""Throwaway Redis Cluster and Sentinel deployments on loopback ports, for the tests.
+"""Throwaway Redis servers on loopback ports, for the tests: a standalone server, a
+Cluster and a Sentinel deployment.
 
 A pytest plugin: ``pytest_plugins = ["tests.redis_servers"]`` in the top conftest.
 Each deployment starts once per session, on free ports, and is torn down (processes
@@ -18,7 +19,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager, suppress
+from contextlib import ExitStack, asynccontextmanager, contextmanager, suppress
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -34,6 +35,9 @@ __all__ = [
     "SentinelDeployment",
     "StartupError",
     "delayed",
+    "own_redis",
+    "own_redis_server",
+    "own_redis_url",
     "redis_cluster",
     "redis_cluster_url",
     "redis_sentinel",
@@ -91,6 +95,12 @@ class RedisProcess:
     @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        """The process id of the running server, None when stopped."""
+        process = self._process
+        return process.pid if process is not None and process.poll() is None else None
 
     def client(self, **options: Any) -> sync_redis.Redis:
         """A synchronous client of this one server (close it after use)."""
@@ -343,6 +353,22 @@ class SentinelDeployment:
         return self.current_primary()
 
 
+@contextmanager
+def own_redis(name: str = "redis") -> Iterator[RedisProcess]:
+    """A standalone redis-server of our own (no persistence) on a free loopback port, to
+    kill and restart at will; killed and its folder removed on exit."""
+    workdir = Path(tempfile.mkdtemp(prefix="ratelimit-redis-"))
+    process = None
+    try:
+        process = RedisProcess(name, workdir, _data_node(_server(), None))
+        process.start()
+        yield process
+    finally:
+        if process is not None:
+            process.kill()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def _pairs(flat: Any) -> dict[str, str]:
     if isinstance(flat, dict):
         return {str(k): str(v) for k, v in flat.items()}
@@ -380,6 +406,24 @@ def _deployed(make: Callable[[Path], DeploymentT], prefix: str, what: str,
         if deployment is not None:
             deployment.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def own_redis_server() -> Iterator[RedisProcess]:
+    """A standalone redis-server this session started, for the whole session: the only
+    kind of server a test may SCRIPT FLUSH, FLUSHDB or reconfigure."""
+    with ExitStack() as stack:
+        try:
+            process = stack.enter_context(own_redis("the session's redis"))
+        except StartupError as exc:
+            _unavailable(f"couldn't start a redis-server: {exc}")
+        yield process
+
+
+@pytest.fixture(scope="session")
+def own_redis_url(own_redis_server: RedisProcess) -> str:
+    """``redis://127.0.0.1:PORT/0`` of ``own_redis_server``."""
+    return f"redis://127.0.0.1:{own_redis_server.port}/0"
 
 
 @pytest.fixture(scope="session")

@@ -38,6 +38,7 @@ def test_there_are_snippets_to_run() -> None:
     assert len(SNIPPETS) >= 10
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("where", "code"), SNIPPETS, ids=[where for where, _ in SNIPPETS])
 def test_the_snippet_runs(where: str, code: str, redis_url: str, tmp_path: Path) -> None:
     """The snippet runs to its end without an error or a warning."""
@@ -45,3 +46,19 @@ def test_the_snippet_runs(where: str, code: str, redis_url: str, tmp_path: Path)
         [sys.executable, "-W", "error", "-c", code.replace(LOCAL_REDIS, redis_url)],
         cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, f"{where}:\n{result.stderr[-3000:]}"
+
+
+def test_the_readme_links_resolve() -> None:
+    """Every relative link of the README names a file of the repository."""
+    text = (ROOT / "README.md").read_text()
+    targets = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", text)]
+    local = [t for t in targets if t and "://" not in t]
+    assert local, "the README links to nothing of the repository"
+    missing = [t for t in local if not (ROOT / t).exists()]
+    assert missing == [], f"README links to missing files: {missing}"
+
+
+def test_the_readme_stays_short() -> None:
+    """The README is the first five minutes (about 10 KB); the rest lives in docs/."""
+    size = len((ROOT / "README.md").read_bytes())
+    assert size <= 12_000, f"README.md is {size} bytes; move detail into a docs/ page"

@@ -8,6 +8,6 @@ Use it around a flaky dependency (``await breaker.call(fn)``, ``@breaker``,
 from ._breaker import Permit
 from ._gate import Gate
 from ._public import CircuitBreaker
-from ._state import CircuitOpenError, CircuitState
+from ._state import BreakerWatcher, CircuitOpenError, CircuitState
 
-__all__ = ["CircuitBreaker", "CircuitOpenError", "CircuitState", "Gate", "Permit"]
+__all__ = ["BreakerWatcher", "CircuitBreaker", "CircuitOpenError", "CircuitState", "Gate", "Permit"]

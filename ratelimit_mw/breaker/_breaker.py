@@ -12,7 +12,7 @@ from typing import Any, Final, ParamSpec, TypeVar
 
 from mypy_extensions import mypyc_attr
 
-from ._state import CircuitOpenError, CircuitState, refusal_in
+from ._state import BreakerWatcher, CircuitOpenError, CircuitState, refusal_in
 from ._windows import CountWindow, TimeWindow
 
 __all__ = ["BreakerCore", "Permit"]
@@ -136,6 +136,7 @@ class BreakerCore:
         "_slow_call_duration",
         "_slow_call_rate_threshold",
         "_state",
+        "_watchers",
         "_window",
         "_window_size",
         "_window_type",
@@ -175,6 +176,11 @@ class BreakerCore:
         self._probes: set[Permit] = set()  # trial calls in flight
         self._probe_successes = 0
         self._probe_slow = 0
+        self._watchers: tuple[BreakerWatcher, ...] = ()
+
+    def add_watcher(self, watcher: BreakerWatcher) -> None:
+        """Tell ``watcher`` of every change of state and every refused call (metrics)."""
+        self._watchers = (*self._watchers, watcher)
 
     # -- the non-raising API ------------------------------------------------------------
 
@@ -200,10 +206,12 @@ class BreakerCore:
             return Permit(self, self._epoch, now)
         self._refresh(now)
         if self._state is _OPEN:
+            self._refused()
             return None
         permit = Permit(self, self._epoch, now)
         if self._state is _HALF_OPEN:
             if len(self._probes) + self._probe_successes >= self._permitted:
+                self._refused()
                 return None
             self._probes.add(permit)
         return permit
@@ -276,6 +284,10 @@ class BreakerCore:
 
     # -- bookkeeping --------------------------------------------------------------------
 
+    def _refused(self) -> None:
+        for watcher in self._watchers:
+            watcher.circuit_refused(self.name)
+
     def _is_failure_exception(self, exc: Exception) -> bool:
         """An exception is a failure if it is one of ``failure_exceptions`` and
         ``is_failure`` (when given) agrees."""
@@ -329,6 +341,8 @@ class BreakerCore:
             return
         level = logging.WARNING if new is _OPEN else logging.INFO
         _log.log(level, "circuit %r: %s -> %s (%s)", self.name, old, new, reason)
+        for watcher in self._watchers:
+            watcher.circuit_state(self.name, old, new)
         if self._on_state_change is not None:
             try:
                 self._on_state_change(old, new)

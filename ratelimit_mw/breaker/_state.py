@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import enum
+from typing import Protocol
 
-__all__ = ["CircuitOpenError", "CircuitState", "refusal_in"]
+__all__ = ["BreakerWatcher", "CircuitOpenError", "CircuitState", "refusal_in"]
 
 
 class CircuitState(enum.StrEnum):
@@ -13,6 +14,14 @@ class CircuitState(enum.StrEnum):
     CLOSED = "closed"
     OPEN = "open"
     HALF_OPEN = "half_open"
+
+
+class BreakerWatcher(Protocol):
+    """What a breaker tells its watchers (``add_watcher``): metrics, typically."""
+
+    def circuit_state(self, breaker: str, old: CircuitState | None,
+                      new: CircuitState) -> None: ...
+    def circuit_refused(self, breaker: str) -> None: ...
 
 
 class CircuitOpenError(Exception):

@@ -1,8 +1,10 @@
-"""Polite clients for rate-limited HTTP APIs: a retrying httpx transport and a token bucket.
+"""Polite clients for rate-limited HTTP APIs: a retrying httpx2 or httpx transport and a
+token bucket.
 
-Install with ``pip install 'ratelimit_mw[client]'`` (the base install plus httpx).
-Nothing here imports the server side of ratelimit_mw but its dependency-free circuit
-breaker (for ``RetryTransport(breaker=...)``); the parent package's top level does.
+Install with ``pip install 'ratelimit_mw[client]'`` (the base install plus httpx), or
+add httpx2 instead: it works with either, or both side by side. Nothing here imports
+the server side of ratelimit_mw but its dependency-free circuit breaker (for
+``RetryTransport(breaker=...)``); the parent package's top level does.
 
 >>> from ratelimit_mw.client import RetryPolicy, RetryTransport, TokenBucket
 >>> transport = RetryTransport(
@@ -10,7 +12,7 @@ breaker (for ``RetryTransport(breaker=...)``); the parent package's top level do
 ...     limiter=TokenBucket(rate=10, capacity=20),  # at most 10 requests a second, bursts of 20
 ... )
 
-Then ``httpx.AsyncClient(transport=transport)`` or ``httpx.Client(transport=transport)``;
+Then ``httpx2.AsyncClient(transport=transport)`` or ``httpx.Client(transport=transport)``;
 ``set_testing(True)`` in a test suite makes every wait instant.
 """
 

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple
-
-import httpx
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..breaker import CircuitBreaker, Permit
 from ._backoff import full_jitter
@@ -19,8 +17,12 @@ from ._circuit import record_outcome, refuse_if_open
 from ._errors import GiveUpReason, LimiterTimeout, RetriesExhausted
 from ._hints import read_quota, retry_after_hint
 from ._log import log_give_up, log_retry, loggable_url, logger
+from ._metrics import ClientMetrics
 from ._policy import RETRY_ERRORS, UNSENT_ERRORS, RetryPolicy
 from ._replay import add_idempotency_key, body_resendable, safe_to_replay
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["Attempts", "Retrying"]
 
@@ -36,6 +38,7 @@ class Retrying(NamedTuple):
     clock: Callable[[], float]
     wall_clock: Callable[[], float]
     random: Callable[[], float]
+    metrics: ClientMetrics | None = None
 
 
 class Attempts:
@@ -78,6 +81,12 @@ class Attempts:
     def _elapsed(self) -> float:
         return self._transport.clock() - self._started + self.skipped_wait
 
+    def sending(self) -> None:
+        """An attempt goes out now (counted by the metrics, if any)."""
+        metrics = self._transport.metrics
+        if metrics is not None:
+            metrics.client_attempt(self.request.url.host)
+
     def no_token_in_time(self) -> httpx.Response:
         """Give up because the limiter had no token within ``max_time``: hand back the
         last response (or raise it as `RetriesExhausted`, or raise the last error);
@@ -87,8 +96,8 @@ class Attempts:
             msg = (f"{self.request.method} {loggable_url(self.request.url)} not sent: the "
                    f"limiter had no token within max_time ({self.policy.max_time:g}s)")
             raise LimiterTimeout(msg, request=self.request)
-        outcome = (f"status {last.status_code}" if isinstance(last, httpx.Response)
-                   else f"{type(last).__name__}: {last}")
+        outcome = (f"{type(last).__name__}: {last}" if isinstance(last, BaseException)
+                   else f"status {last.status_code}")
         self._give_up("max_time", outcome, None)
         if isinstance(last, BaseException):
             raise last
@@ -119,7 +128,8 @@ class Attempts:
         hint = self._server_hint(response)
         if hint is not None and limiter is not None and response.status_code == 429:
             limiter.update(0, hint)
-        return self._next_wait(hint, f"status {response.status_code}")
+        return self._next_wait(hint, f"status {response.status_code}",
+                               cause=str(response.status_code))
 
     def wait_after_error(self, permit: Permit | None, error: BaseException) -> float | None:
         """Record ``error``; return the wait before the next attempt, or None to re-raise it.
@@ -131,7 +141,8 @@ class Attempts:
         if not isinstance(error, RETRY_ERRORS):
             return None
         unsent = isinstance(error, UNSENT_ERRORS)
-        wait = self._next_wait(None, f"{type(error).__name__}: {error}", unsent=unsent)
+        wait = self._next_wait(None, f"{type(error).__name__}: {error}", unsent=unsent,
+                               cause=type(error).__name__)
         if wait is None:
             return None
         refuse_if_open(self._transport.breaker, self.request, longer_than=wait, cause=error)
@@ -169,8 +180,9 @@ class Attempts:
         return None
 
     def _next_wait(self, hint: float | None, outcome: str, *, unsent: bool = False,
-                   ) -> float | None:
-        """Count a failed attempt and schedule the next one, or return None to stop."""
+                   cause: str = "") -> float | None:
+        """Count a failed attempt and schedule the next one, or return None to stop
+        (``cause``: the status code or error class, for the metrics)."""
         transport, policy = self._transport, self.policy
         if transport.retry_budget is not None:
             transport.retry_budget.record_failure()
@@ -189,6 +201,8 @@ class Attempts:
             return None
         self.retries += 1
         log_retry(self.request, outcome, self.retries, wait)
+        if transport.metrics is not None:
+            transport.metrics.client_retry(self.request.url.host, cause, wait)
         return wait
 
     def _stop_reason(self, wait: float, unsent: bool = False) -> GiveUpReason | None:
@@ -217,5 +231,8 @@ class Attempts:
         """Remember why no retry follows, and log it unless the request was never
         replayable (``wait`` None: the limiter had no token in time)."""
         self._give_up_reason = reason
+        metrics = self._transport.metrics
+        if metrics is not None:
+            metrics.client_give_up(self.request.url.host, reason)
         if reason != "not_replayable":
             log_give_up(self.request, outcome, reason, wait)

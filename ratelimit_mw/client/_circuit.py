@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-import httpx
+from typing import TYPE_CHECKING
 
 from ..breaker import CircuitBreaker, CircuitOpenError, CircuitState, Permit
+from ._http import TransportError
 from ._policy import RETRY_ERRORS
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["CircuitOpenTransportError", "acquire_permit", "record_outcome", "refuse_if_open"]
 
 
-class CircuitOpenTransportError(httpx.TransportError, CircuitOpenError):
+class CircuitOpenTransportError(TransportError, CircuitOpenError):
     """The transport's circuit breaker refused the attempt: no request was sent.
 
-    Both an ``httpx.TransportError`` (so ``except httpx.HTTPError`` sees it) and
-    the breaker's `CircuitOpenError`; ``remaining`` is the cooldown left, in
-    seconds (0.0 when the breaker is half-open with every trial slot taken).
+    Both an ``httpx.TransportError`` (so ``except httpx.HTTPError`` sees it; the same
+    for httpx2) and the breaker's `CircuitOpenError`; ``remaining`` is the cooldown
+    left, in seconds (0.0 when the breaker is half-open with every trial slot taken).
     """
 
     def __init__(
@@ -60,7 +64,7 @@ def record_outcome(permit: Permit | None, outcome: httpx.Response | BaseExceptio
     """Tell the breaker how an attempt went: 5xx and connection errors are failures."""
     if permit is None:
         return
-    if isinstance(outcome, httpx.Response):
+    if not isinstance(outcome, BaseException):  # a response
         if outcome.status_code >= 500:
             permit.record_failure()
         else:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import httpx
+from ._http import HTTPError, TimeoutException
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["GiveUpReason", "LimiterTimeout", "RetriesExhausted"]
 
 GiveUpReason = Literal["max_retries", "max_time", "retry_budget", "not_replayable"]
 
 
-class RetriesExhausted(httpx.HTTPError):
+class RetriesExhausted(HTTPError):
     """A retryable response was the last one: retries ran out, or the next wait would not fit.
 
     Raised only with ``RetryPolicy(raise_on_give_up=True)``; otherwise that last
@@ -33,6 +36,6 @@ class RetriesExhausted(httpx.HTTPError):
         self.reason: GiveUpReason = reason
 
 
-class LimiterTimeout(httpx.TimeoutException):
+class LimiterTimeout(TimeoutException):
     """The transport's limiter had no token for the first attempt within ``max_time``:
     nothing was sent. (For a retry, the last response is handed back instead.)"""

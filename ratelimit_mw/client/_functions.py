@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from ._budget import RetryBudget
+from ._http import DEFAULT_LIBRARY, library_of
 from ._policy import RetryPolicy
 from ._transport import RetryTransport
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["arequest", "request"]
 
@@ -24,13 +26,16 @@ def request(
 ) -> httpx.Response:
     """Send one request with retries and return the read response, like ``httpx.request``.
 
-    ``kwargs`` go to ``httpx.Client.request`` (``params``, ``headers``, ``json``,
+    ``kwargs`` go to ``Client.request`` (``params``, ``headers``, ``json``,
     ``timeout``, ``extensions``...); ``transport`` is wrapped instead of the
-    default one.
+    default one. The client is of ``transport``'s library, else httpx2 when it is
+    installed, else httpx.
     """
     retrying = RetryTransport(transport, policy=policy, retry_budget=retry_budget)
-    with httpx.Client(transport=retrying) as client:
-        return client.request(method, url, **kwargs)
+    library = DEFAULT_LIBRARY if transport is None else library_of(transport)
+    with library.Client(transport=retrying) as client:
+        response: httpx.Response = client.request(method, url, **kwargs)
+    return response
 
 
 async def arequest(
@@ -44,5 +49,7 @@ async def arequest(
 ) -> httpx.Response:
     """Send one request with retries from async code; see :func:`request`."""
     retrying = RetryTransport(transport, policy=policy, retry_budget=retry_budget)
-    async with httpx.AsyncClient(transport=retrying) as client:
-        return await client.request(method, url, **kwargs)
+    library = DEFAULT_LIBRARY if transport is None else library_of(transport)
+    async with library.AsyncClient(transport=retrying) as client:
+        response: httpx.Response = await client.request(method, url, **kwargs)
+    return response

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import NamedTuple
-
-import httpx
+from typing import TYPE_CHECKING, NamedTuple, TypeAlias
 
 from ._log import logger
 from ._retry_after import parse_delay_seconds, parse_retry_after
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "DEFAULT_HINTS",
@@ -31,7 +32,7 @@ __all__ = [
     "retry_after_hint",
 ]
 
-HintParser = Callable[[httpx.Headers, float], float | None]
+HintParser: TypeAlias = "Callable[[httpx.Headers, float], float | None]"
 """``(headers, now) -> seconds to wait or None``; ``now`` is Unix time."""
 
 # An epoch reset earlier than 2001-09-09 is not an epoch: it is a duration
@@ -214,6 +215,7 @@ def duration_hint(header: str, *, remaining_header: str | None = None) -> HintPa
 
     With ``remaining_header``, the duration only counts when that header is 0.
 
+    >>> import httpx
     >>> hint = duration_hint("x-ratelimit-reset-after")
     >>> hint(httpx.Headers({"x-ratelimit-reset-after": "7"}), 0.0)
     7.0

@@ -6,11 +6,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from ._hints import DEFAULT_HINTS, HintParser
+from ._http import classes
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["RETRY_ERRORS", "RETRY_METHODS", "RETRY_STATUSES", "UNSENT_ERRORS", "RetryPolicy"]
 
@@ -21,16 +23,17 @@ RETRY_METHODS: frozenset[str] = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DEL
 """Methods safe to replay; others need an ``Idempotency-Key`` header."""
 
 RETRY_ERRORS: tuple[type[httpx.TransportError], ...] = (
-    httpx.TimeoutException,
-    httpx.NetworkError,
-    httpx.RemoteProtocolError,
+    *classes("TimeoutException"),
+    *classes("NetworkError"),
+    *classes("RemoteProtocolError"),
 )
-"""Connection and timeout errors worth another attempt (for a replayable request)."""
+"""Connection and timeout errors worth another attempt (for a replayable request), of
+httpx2 and httpx alike."""
 
 UNSENT_ERRORS: tuple[type[httpx.TransportError], ...] = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.PoolTimeout,
+    *classes("ConnectError"),
+    *classes("ConnectTimeout"),
+    *classes("PoolTimeout"),
 )
 """Errors raised before any byte of the request left: trying again replays nothing, so
 any method is retried after them (if its body can be sent again)."""

@@ -4,10 +4,15 @@ replay or it carries an ``Idempotency-Key`` a server would honour."""
 from __future__ import annotations
 
 import uuid
+from typing import TYPE_CHECKING
 
-import httpx
-
+from ._http import classes
 from ._policy import RetryPolicy
+
+if TYPE_CHECKING:
+    import httpx
+
+_BYTE_STREAMS = classes("ByteStream")
 
 __all__ = ["add_idempotency_key", "body_resendable", "safe_to_replay"]
 
@@ -24,7 +29,7 @@ def add_idempotency_key(request: httpx.Request, policy: RetryPolicy) -> None:
 
 def body_resendable(request: httpx.Request) -> bool:
     """Whether the body is held in memory, so another attempt can send it whole."""
-    return isinstance(request.stream, httpx.ByteStream)
+    return isinstance(request.stream, _BYTE_STREAMS)
 
 
 def safe_to_replay(request: httpx.Request, policy: RetryPolicy) -> bool:

@@ -1,4 +1,4 @@
-"""The retrying transport: wraps any httpx transport, sync or async."""
+"""The retrying transport: wraps any httpx2 or httpx transport, sync or async."""
 
 from __future__ import annotations
 
@@ -6,25 +6,33 @@ import asyncio
 import random as _random
 import time
 from collections.abc import Awaitable, Callable
-
-import httpx
+from typing import TYPE_CHECKING
 
 from ..breaker import CircuitBreaker
 from ._attempts import Attempts, Retrying
 from ._bucket import TokenBucket
 from ._budget import RetryBudget
 from ._circuit import acquire_permit, refuse_if_open
+from ._http import HTTP_ERRORS, AsyncBaseTransport, BaseTransport, classes, library_of
+from ._metrics import ClientMetrics
 from ._policy import RetryPolicy
 from ._testing import is_testing
 
+if TYPE_CHECKING:
+    import httpx
+
 __all__ = ["RetryTransport"]
 
+_SYNC_TRANSPORTS = classes("BaseTransport")
+_ASYNC_TRANSPORTS = classes("AsyncBaseTransport")
 
-class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
-    """An httpx transport that retries rate-limited and failed attempts, then returns.
 
-    It wraps ``transport`` (by default ``httpx.HTTPTransport()`` for a
-    ``Client`` and ``httpx.AsyncHTTPTransport()`` for an ``AsyncClient``),
+class RetryTransport(BaseTransport, AsyncBaseTransport):
+    """An httpx2 or httpx transport that retries rate-limited and failed attempts, then
+    returns.
+
+    It wraps ``transport`` (by default ``HTTPTransport()`` for a ``Client`` and
+    ``AsyncHTTPTransport()`` for an ``AsyncClient``, of the client's own library),
     retries 408, 429, 500, 502, 503, 504 and connection or timeout errors,
     waits what the server asks (``Retry-After``, then quota reset headers) or
     else a jittered exponential backoff, and stops at ``max_retries`` or as
@@ -39,7 +47,7 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
     shared across calls; ``clock``, ``wall_clock``, the sleeps and ``random``
     are injectable for tests.
 
-    >>> import asyncio
+    >>> import asyncio, httpx  # or httpx2, the same
     >>> replies = iter([httpx.Response(429, headers={"Retry-After": "0"}), httpx.Response(200)])
     >>> api = httpx.MockTransport(lambda request: next(replies))  # leave out to use the network
     >>> async def main() -> int:
@@ -61,6 +69,9 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
     5xx responses and ``RETRY_ERRORS`` count as failures, other responses as
     successes, other exceptions as the breaker's ``failure_exceptions`` say.
     A retry that the breaker would still refuse after the wait is not waited for.
+
+    ``metrics`` (``ratelimit_mw.metrics``) counts attempts, retries by cause, time slept
+    and give-ups by reason, labelled by host, and watches the ``breaker``.
     """
 
     def __init__(
@@ -76,6 +87,7 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
         sleep: Callable[[float], None] = time.sleep,
         async_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         random: Callable[[], float] = _random.random,
+        metrics: ClientMetrics | None = None,
     ) -> None:
         self.policy = policy if policy is not None else RetryPolicy()
         self.retry_budget = retry_budget
@@ -87,25 +99,28 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
         self.breaker = breaker
         self._given_transport = transport
         self._sync_inner: httpx.BaseTransport | None = (
-            transport if isinstance(transport, httpx.BaseTransport) else None)
+            transport if isinstance(transport, _SYNC_TRANSPORTS) else None)
         self._async_inner: httpx.AsyncBaseTransport | None = (
-            transport if isinstance(transport, httpx.AsyncBaseTransport) else None)
+            transport if isinstance(transport, _ASYNC_TRANSPORTS) else None)
         self._clock = clock
         self._wall_clock = wall_clock
         self._sleep = sleep
         self._async_sleep = async_sleep
         self._random = random
+        self.metrics = metrics
+        if metrics is not None and breaker is not None:
+            metrics.watch(breaker)
 
     def __repr__(self) -> str:
         return f"RetryTransport({self._given_transport!r}, policy={self.policy!r})"
 
     def _retrying(self) -> Retrying:
         return Retrying(self.policy, self.retry_budget, self.limiter, self.breaker,
-                        self._clock, self._wall_clock, self._random)
+                        self._clock, self._wall_clock, self._random, self.metrics)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` through the wrapped sync transport, retrying as the policy says."""
-        inner = self._sync_transport()
+        inner = self._sync_transport(request)
         attempts = Attempts(self._retrying(), request)
         if attempts.policy.buffer_body:
             request.read()
@@ -116,6 +131,7 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
                     timeout=attempts.time_left()):
                 return attempts.no_token_in_time()
             permit = acquire_permit(self.breaker, request)
+            attempts.sending()
             try:
                 response = inner.handle_request(request)
             except BaseException as exc:
@@ -130,7 +146,7 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
                 if attempts.keeps_last_outcome:
                     try:
                         response.read()
-                    except httpx.HTTPError as exc:
+                    except HTTP_ERRORS as exc:
                         attempts.last_outcome = exc
                     else:
                         attempts.last_outcome = response
@@ -143,7 +159,7 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` through the wrapped async transport, retrying as the policy says."""
-        inner = self._async_transport()
+        inner = self._async_transport(request)
         attempts = Attempts(self._retrying(), request)
         if attempts.policy.buffer_body:
             await request.aread()
@@ -154,6 +170,7 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
                     timeout=attempts.time_left()):
                 return attempts.no_token_in_time()
             permit = acquire_permit(self.breaker, request)
+            attempts.sending()
             try:
                 response = await inner.handle_async_request(request)
             except BaseException as exc:
@@ -168,7 +185,7 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
                 if attempts.keeps_last_outcome:
                     try:
                         await response.aread()
-                    except httpx.HTTPError as exc:
+                    except HTTP_ERRORS as exc:
                         attempts.last_outcome = exc
                     else:
                         attempts.last_outcome = response
@@ -189,18 +206,20 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
         if self._async_inner is not None:
             await self._async_inner.aclose()
 
-    def _sync_transport(self) -> httpx.BaseTransport:
-        """Return the wrapped sync transport, creating the default one on first use."""
+    def _sync_transport(self, request: httpx.Request) -> httpx.BaseTransport:
+        """Return the wrapped sync transport, creating the default one of ``request``'s
+        library on first use."""
         if self._sync_inner is None:
-            self._refuse_wrong_kind("a sync", "httpx.Client")
-            self._sync_inner = httpx.HTTPTransport()
+            self._refuse_wrong_kind("a sync", "Client")
+            self._sync_inner = library_of(request).HTTPTransport()
         return self._sync_inner
 
-    def _async_transport(self) -> httpx.AsyncBaseTransport:
-        """Return the wrapped async transport, creating the default one on first use."""
+    def _async_transport(self, request: httpx.Request) -> httpx.AsyncBaseTransport:
+        """Return the wrapped async transport, creating the default one of ``request``'s
+        library on first use."""
         if self._async_inner is None:
-            self._refuse_wrong_kind("an async", "httpx.AsyncClient")
-            self._async_inner = httpx.AsyncHTTPTransport()
+            self._refuse_wrong_kind("an async", "AsyncClient")
+            self._async_inner = library_of(request).AsyncHTTPTransport()
         return self._async_inner
 
     def _refuse_wrong_kind(self, kind: str, client: str) -> None:

@@ -20,6 +20,7 @@ from ..client_ip import ClientIP
 from ..errors import ConfigError, StorageError
 from ..identity import credentials
 from ..limiter import limiter_of
+from ..metrics import Metrics
 from ..responses import error_response
 from .fingerprint import fingerprint, record_key
 from .header import InvalidKeyError, parse_idempotency_key
@@ -100,7 +101,8 @@ class IdempotencyMiddleware:
     handler is not run: a keyed request is idempotent or refused, never
     silently not idempotent. When the store fails the answer is 503, with the
     store's ``retry_after`` (its breaker's cooldown), unless ``fail_open=True``
-    runs the request without idempotency.
+    runs the request without idempotency. ``metrics`` (``ratelimit_mw.metrics``) counts
+    replays, 409s, 422s and store failures.
 
     >>> from starlette.applications import Starlette
     >>> from starlette.middleware import Middleware
@@ -111,6 +113,7 @@ class IdempotencyMiddleware:
         "_api_key_header",
         "_client_ip",
         "_identity",
+        "_metrics",
         "_required",
         "app",
         "fail_open",
@@ -137,6 +140,7 @@ class IdempotencyMiddleware:
         max_request_size: int = _MiB,
         max_response_size: int = _MiB,
         fail_open: bool = False,
+        metrics: Metrics | None = None,
     ) -> None:
         if store is not None and not isinstance(store, IdempotencyStore):
             msg = f"store must be an IdempotencyStore, got {store!r}"
@@ -161,6 +165,8 @@ class IdempotencyMiddleware:
         self.max_response_size = _size("max_response_size", max_response_size)
         self.fail_open = fail_open
         self._identity = identity
+        # Replays, 409s, 422s and store failures are counted (the default counts nothing).
+        self._metrics = metrics if metrics is not None else Metrics()
         self._api_key_header = header_name(api_key_header, "api_key_header").encode("latin-1")
         self._client_ip = ClientIP(trusted_proxies)
         self._required = [self._required_rule(rule) for rule in required]
@@ -244,6 +250,7 @@ class IdempotencyMiddleware:
         try:
             claim = await self.store.claim(record, fp, lock_ttl=self.lock_ttl)
         except StorageError as exc:
+            self._metrics.idempotency("store_failure")
             if self.fail_open:
                 _log.warning("idempotency store failed; running without it: %s", exc)
                 await self.app(scope, receive, send)
@@ -256,13 +263,16 @@ class IdempotencyMiddleware:
             return
 
         if claim.outcome == "mismatch":
+            self._metrics.idempotency("mismatch")
             message = "this Idempotency-Key was already used for a different request"
             await _answer(422, "idempotency_key_reused", message)(scope, receive, send)
         elif claim.outcome == "in_flight":
+            self._metrics.idempotency("conflict")
             message = "a request with this Idempotency-Key is still being processed"
             response = _answer(409, "idempotency_key_in_use", message, **{"Retry-After": "1"})
             await response(scope, receive, send)
         elif claim.response is not None:
+            self._metrics.idempotency("replay")
             await _replay(claim.response, send)
         else:
             await self._run(scope, receive, send, record, fp, claim.token)
@@ -353,6 +363,7 @@ class IdempotencyMiddleware:
                     _log.warning("idempotency lease ran out before the response was ready; "
                                  "not stored")
                 return
+        self._metrics.idempotency("store_failure")
         _log.error("could not store an idempotent response after %d attempts; its key stays "
                    "locked until the lease runs out (lock_ttl=%g s), so a retry gets 409 "
                    "instead of running the handler again: %s",
@@ -363,6 +374,7 @@ class IdempotencyMiddleware:
             await self.store.release(record, token)
         except StorageError as exc:
             # The lease expires by itself after lock_ttl.
+            self._metrics.idempotency("store_failure")
             _log.error("could not release an idempotency key: %s", exc)
 
 

@@ -14,6 +14,9 @@ routes change) the middleware it finds in the app's stack adds to it:
   ``Idempotency-Key`` / ``X-Idempotent-Replayed`` response headers.
 - ``BreakerGuard`` (as middleware: every operation) and ``breaker_dependency`` (the
   operations that depend on it): the 503 of a resting breaker.
+
+The quota endpoints (``quota_router``), which FastAPI leaves out, are added first, so
+that they get all of this too.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from ..middleware import RateLimitMiddleware
 from ..route_table import dependency_calls
 from .components import HEADERS, JSON, SCHEMAS, limit_info, ref, style_headers
 from .operations import add_header, add_response, idempotency_parameter, unavailable
+from .quota import quota_operation
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -96,8 +100,13 @@ def _describe(document: JSON, app: FastAPI) -> None:
                      "IdempotencyMiddleware in the app's middleware; the OpenAPI document "
                      "says nothing of them")
     limits = _Limits(limiter) if limiter is not None else None
-    paths: JSON = document.get("paths", {})
-    for path, route in walk_routes(app.router.routes):
+    paths: JSON = document.setdefault("paths", {})
+    routes = list(walk_routes(app.router.routes))
+    for path, route in routes:  # FastAPI leaves quota_router's plain routes out
+        found = quota_operation(route, path)
+        if found is not None:
+            paths.setdefault(_CONVERTOR.sub(r"{\1}", path), {}).setdefault("get", found)
+    for path, route in routes:
         for method in sorted(getattr(route, "methods", None) or ()):
             operation = paths.get(_CONVERTOR.sub(r"{\1}", path), {}).get(method.lower())
             if not isinstance(operation, dict):

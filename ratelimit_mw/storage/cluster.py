@@ -3,17 +3,21 @@
 All keys of one decision carry the identity's hash tag, so its one ``EVALSHA`` goes
 to the node that owns that slot. redis-py follows ``MOVED`` and ``ASK`` while slots
 move, and on ``NOSCRIPT`` (a node that never saw the script) loads it on every
-primary and retries. What still fails becomes ``StorageError`` in ``RedisStorage``.
+primary and retries. While a slot migrates, a script whose keys are split between the
+two nodes (or not made yet) gets ``TRYAGAIN``: it is tried again, a little later each
+time, until it runs or the caller's timeout ends it. What still fails becomes
+``StorageError`` in ``RedisStorage``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.exceptions import ClusterError, RedisClusterException, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException
 from redis.typing import EncodableT
 
 from .base import DEFAULT_POOL_TIMEOUT, UsageRetention
@@ -25,6 +29,12 @@ __all__ = ["cluster_client_from_url", "cluster_storage_from_url"]
 
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 _CLUSTER_EXAMPLE = "redis+cluster://10.0.0.1:7000,10.0.0.2:7000[?password=...]"
+# A slot in migration answers TRYAGAIN until its keys are on one node: tried again after
+# these pauses (doubling), for at most this long when no timeout is given (a slot with
+# few keys moves in milliseconds; the caller's timeout ends it sooner).
+_FIRST_PAUSE = 0.005
+_LONGEST_PAUSE = 0.05
+_TRYING_AGAIN_FOR = 5.0
 
 
 def cluster_storage_from_url(
@@ -94,16 +104,32 @@ class _QueueingCluster(RedisCluster):
         async with self.queue.turn():
             if self._initialize:
                 await self.initialize()
-            try:
-                return await super().execute_command(*args, **kwargs)
-            except AttributeError as exc:
-                # redis-py 8 race: after a node fails, one call closes connections that
-                # another is still opening (``None.writelines``). It is a lost connection.
-                msg = f"connection closed while in use ({exc})"
-                raise RedisConnectionError(msg) from exc
+            pause = _FIRST_PAUSE
+            deadline = time.monotonic() + _TRYING_AGAIN_FOR
+            while True:
+                try:
+                    return await super().execute_command(*args, **kwargs)
+                except AttributeError as exc:
+                    # redis-py 8 race: after a node fails, one call closes connections
+                    # that another is still opening (``None.writelines``): a lost one.
+                    msg = f"connection closed while in use ({exc})"
+                    raise RedisConnectionError(msg) from exc
+                except (TryAgainError, ClusterError) as exc:
+                    # redis-py tries a TRYAGAIN 16 times within about 0.4 s, then gives
+                    # up with "TTL exhausted": the slot is still moving, so wait on.
+                    if not _slot_moving(exc) or time.monotonic() + pause > deadline:
+                        raise
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, _LONGEST_PAUSE)
 
     async def script_load(self, script: str | bytes) -> str:  # type: ignore[override]
         if self._loading is None:
             self._loading = asyncio.Lock()
         async with self._loading:
             return await super().script_load(script)
+
+
+def _slot_moving(exc: Exception) -> bool:
+    """True for redis-py's errors of a slot in migration (``TRYAGAIN``, or its retries of
+    one run out)."""
+    return isinstance(exc, TryAgainError) or str(exc).startswith("TTL exhausted")

@@ -9,6 +9,9 @@ pool checkout (redis-py's pool did all three for every batch).
 The connection is made by the client's own connection class (so ``AUTH``,
 ``SELECT``, TLS and Sentinel's primary lookup happen as they would for any
 command); it lives outside the client's pool, and is made again after it is lost.
+When the pipe closes the socket, redis-py's connection object forgets it at once (not
+in a task, which would never run if its event loop ended first): else, collected
+later, it would warn of an unclosed connection in whatever runs then.
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ class _Batch:
             self.done = True
 
 
+_MOST_DOUBTFUL = 10_000  # slots kept to give back after a lost connection; more lapse
 _NO_REPLY = object()  # what the reader gives while a reply is incomplete (RESP3 has false)
 
 
@@ -207,8 +211,8 @@ class Pipeline:
     After ``close()`` it may be used again: it connects anew (and must be closed again).
     """
 
-    __slots__ = ("_abandon", "_client", "_connecting", "_cut", "_held", "_inflight", "_loop",
-                 "_pending", "_pipe", "_retiring", "_watch", "_watch_at", "script")
+    __slots__ = ("_abandon", "_client", "_connecting", "_cut", "_doubtful", "_held",
+                 "_inflight", "_loop", "_pending", "_pipe", "_watch", "_watch_at", "script")
 
     def __init__(self, client: Redis, script: bytes,
                  abandon: Callable[[Slots], None]) -> None:
@@ -220,7 +224,6 @@ class Pipeline:
         self._pipe: _Pipe | None = None
         self._connecting: asyncio.Task[None] | None = None
         self._cut = False  # the set-up is being cut off (not closed)
-        self._retiring: set[asyncio.Task[None]] = set()
         # Batches with a deadline, oldest first, until they are done; one timer (not one
         # per batch: arming one costs more than the rest of a batch) looks at them when
         # the earliest deadline falls due.
@@ -228,6 +231,10 @@ class Pipeline:
         self._watch: asyncio.TimerHandle | None = None
         self._watch_at = math.inf
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop all this belongs to
+        # The slots of decisions written on a connection lost before their reply: Redis
+        # may still run them (a frozen Redis reads what was sent once it resumes), and
+        # nobody would give those slots back. Given back once Redis answers again.
+        self._doubtful: list[Slots] = []
 
     def put(self, entry: Queued, loop: asyncio.AbstractEventLoop) -> None:
         """Queue ``entry`` for this tick's flush on ``loop``, the running loop (the caller
@@ -258,7 +265,7 @@ class Pipeline:
         connecting, self._connecting = self._connecting, None
         watch, self._watch, self._watch_at = self._watch, None, math.inf
         self._inflight.clear()
-        self._retiring.clear()
+        self._doubtful = []
         self._cut = False
         if pipe is not None:
             pipe.closed = True
@@ -273,6 +280,7 @@ class Pipeline:
                 connecting.cancel()
             if pipe is not None:
                 pipe.transport.abort()
+                _forget(pipe.connection)  # not reached if that loop is closed
 
     def _unanswered(self) -> list[Queued]:
         """Every command flushed and not answered yet: held while connecting, or written."""
@@ -358,6 +366,8 @@ class Pipeline:
     def answer(self, entry: Queued, reply: Any) -> None:
         """Hand ``reply`` to its caller; if the caller gave up on an admitted decision,
         give back the slots it took for nobody."""
+        if self._doubtful:
+            self._give_back_doubtful()
         future = entry[2]
         if future.done():
             slots = entry[4]
@@ -369,22 +379,32 @@ class Pipeline:
         else:
             future.set_result(reply)
 
+    def _give_back_doubtful(self) -> None:
+        """Redis answers again, so it has run whatever a lost connection had sent it (read
+        before anything written since): give back the slots those decisions may have
+        taken (a ZREM of a slot never taken removes nothing)."""
+        doubtful, self._doubtful = self._doubtful, []
+        for slots in doubtful:
+            self._abandon(slots)
+
     def lost(self, pipe: _Pipe, exc: Exception) -> None:
-        """The connection is gone: every command still waiting on it fails."""
+        """The connection is gone: every command still waiting on it fails (a decision
+        that took slots may still run: see ``_doubtful``)."""
         if self._pipe is pipe:
             self._pipe = None
         waiting, pipe.waiting = pipe.waiting, deque()
+        doubtful = self._doubtful
         for batch, entry, _ in waiting:
             if batch is not None:
                 batch.done = True
             if entry is not None:
                 _fail(entry[2], exc)
+                if entry[4] is not None and len(doubtful) < _MOST_DOUBTFUL:
+                    doubtful.append(entry[4])
         if not pipe.closed:
             pipe.closed = True
-            task = asyncio.get_running_loop().create_task(
-                pipe.connection.disconnect(nowait=True))
-            self._retiring.add(task)
-            task.add_done_callback(self._retiring.discard)
+            pipe.transport.close()
+            _forget(pipe.connection)
 
     def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
         if self._watch is not None:
@@ -457,12 +477,20 @@ class Pipeline:
             # Else a TLS connection could still be closing when its loop ends, and its
             # socket would be left open.
             await asyncio.wait([pipe.gone], timeout=1.0)
+        # Closed on purpose: no give-back is left to start a connection of its own later,
+        # perhaps once this loop has ended.
+        self._doubtful = []
         if self._watch is not None:
             self._watch.cancel()
             self._watch, self._watch_at = None, math.inf
         self._inflight.clear()
-        if self._retiring:
-            await asyncio.gather(*self._retiring, return_exceptions=True)
+
+
+def _forget(connection: AbstractConnection) -> None:
+    """Make redis-py's ``connection`` forget a socket the pipe has closed (or is closing:
+    its stream writer, dropped, would close it otherwise), as its ``disconnect`` does."""
+    connection._parser.on_disconnect()  # type: ignore[no-untyped-call]
+    connection._reader = connection._writer = None
 
 
 def _live(entries: list[Queued]) -> list[Queued]:

@@ -91,6 +91,7 @@ def server() -> Iterator[LiveServer]:
         yield live
 
 
+@pytest.mark.slow
 async def test_async_client_waits_for_retry_after(server: LiveServer) -> None:
     """A real 429 with Retry-After: 1 is retried no sooner than 1 s later."""
     async with httpx.AsyncClient(transport=RetryTransport()) as client:
@@ -104,6 +105,7 @@ async def test_async_client_waits_for_retry_after(server: LiveServer) -> None:
     assert 1.0 <= elapsed < 5.0
 
 
+@pytest.mark.slow
 def test_sync_client_waits_for_retry_after(server: LiveServer) -> None:
     """The sync client waits just the same, and the function form works on a real socket."""
     started = time.monotonic()
@@ -114,6 +116,7 @@ def test_sync_client_waits_for_retry_after(server: LiveServer) -> None:
     assert time.monotonic() - started >= 1.0
 
 
+@pytest.mark.slow
 async def test_a_repeated_retry_after_is_waited_for_in_full(server: LiveServer) -> None:
     """Two Retry-After lines (a proxy added one): the longer is waited for, not neither
     (httpx joins them to "1, 2", which used to be garbage, and back-off retried at once)."""
@@ -124,6 +127,7 @@ async def test_a_repeated_retry_after_is_waited_for_in_full(server: LiveServer) 
     assert 2.0 <= second - first < 5.0
 
 
+@pytest.mark.slow
 async def test_http_date_retry_after(server: LiveServer) -> None:
     """A Retry-After HTTP-date two seconds ahead (whole seconds) is waited for, at least 1 s."""
     async with httpx.AsyncClient(transport=RetryTransport()) as client:

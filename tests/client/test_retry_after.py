@@ -164,6 +164,7 @@ def test_missing_header_is_no_hint(caplog: pytest.LogCaptureFixture) -> None:
     assert caplog.records == []
 
 
+@pytest.mark.slow
 @given(st.text(max_size=60))
 def test_never_raises_on_any_text(value: str) -> None:
     """Any text gives None or a finite, non-negative wait."""

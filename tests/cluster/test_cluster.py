@@ -8,6 +8,8 @@ every other test finds its keys wherever they are, so the order does not matter.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable
 
@@ -18,7 +20,10 @@ from ratelimit_mw.decision import Verdict
 from ratelimit_mw.policy import ALGORITHM_NAMES
 from ratelimit_mw.storage.keys import redis_key
 from tests.engine.test_storage import limit_for
-from tests.redis_servers import ClusterDeployment, StorageFactory, storage_factory
+from tests.redis_servers import ClusterDeployment, RedisProcess, StorageFactory, storage_factory
+
+# The session's deployment takes seconds to start: not in the quick loop.
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
@@ -223,3 +228,67 @@ async def test_unreachable_cluster_is_a_storage_error(make: StorageFactory) -> N
         with pytest.raises(StorageError):
             await dead.decide("x", [Hit(Limit("1/second"))])
         assert not await dead.ping()
+
+
+def _first_slots(cluster: ClusterDeployment, node: RedisProcess, count: int) -> set[int]:
+    """The ``count`` lowest slots ``node`` serves: those ``redis-cli --cluster reshard``
+    moves first."""
+    owned = sorted(slot for start, end, (_, port, *_rest), *_replicas
+                   in node.call("CLUSTER", "SLOTS") if port == node.port
+                   for slot in range(start, end + 1))
+    return set(owned[:count])
+
+
+def _reshard(cluster: ClusterDeployment, source: RedisProcess, target: RedisProcess,
+             slots: int) -> None:
+    """``redis-cli --cluster reshard``: ``slots`` slots from ``source`` to ``target``."""
+    subprocess.run(
+        [shutil.which("redis-cli") or "redis-cli", "--cluster", "reshard",
+         f"127.0.0.1:{source.port}", "--cluster-from", cluster.node_id(source),
+         "--cluster-to", cluster.node_id(target), "--cluster-slots", str(slots),
+         "--cluster-yes"],
+        check=True, capture_output=True, timeout=120)
+
+
+async def test_a_live_reshard_under_traffic_retries_within_the_timeout(
+    make: StorageFactory, redis_cluster: ClusterDeployment,
+) -> None:
+    """``redis-cli --cluster reshard`` moves 200 slots while identities are decided on two
+    limits each (two keys), old ones and new ones, many in slots that move: a new
+    identity in a slot mid-migration gets TRYAGAIN (its keys are on neither node), an
+    old one ASK; both are retried within the storage timeout (every decision a verdict,
+    none a StorageError), and afterwards every count is exact."""
+    storage = make(max_connections=20, timeout=2.0)
+    hits = [Hit(Limit("1000000/hour", "fixed_window")),
+            Hit(Limit("1000000/hour", "sliding_window"))]
+    source, target = redis_cluster.nodes[0], redis_cluster.nodes[1]
+    moving = _first_slots(redis_cluster, source, 200)
+
+    def slot_of(name: str) -> int:
+        return ClusterDeployment.slot(redis_key(storage.prefix, name, "", hits[0].limit.uid))
+
+    names = [f"id{i}" for i in range(200_000)]
+    movers = [name for name in names if slot_of(name) in moving]
+    old = movers[:20] + [name for name in names if slot_of(name) not in moving][:20]
+    fresh = iter(movers[20:])  # new identities, in slots that move
+    for name in old:
+        await storage.decide(name, hits)
+    admitted = dict.fromkeys(old, 1)
+    failures: list[StorageError] = []
+    mover = asyncio.create_task(asyncio.to_thread(_reshard, redis_cluster, source, target, 200))
+    try:
+        while not mover.done():
+            batch = old + [next(fresh) for _ in range(10)]
+            results = await asyncio.gather(*(outcome(storage.decide(name, hits))
+                                              for name in batch))
+            for name, result in zip(batch, results, strict=True):
+                if isinstance(result, StorageError):
+                    failures.append(result)
+                else:
+                    admitted[name] = admitted.get(name, 0) + result.allowed
+    finally:
+        await mover
+    assert not failures, failures[:3]
+    for name, count in admitted.items():
+        after = await storage.peek(name, hits)
+        assert [d.remaining for d in after.decisions] == [1_000_000 - count] * 2, name

@@ -15,6 +15,9 @@ from ratelimit_mw import Hit, Limit, RedisStorage, StorageError
 from ratelimit_mw.decision import Verdict
 from tests.redis_servers import SentinelDeployment, StorageFactory, storage_factory
 
+# The session's deployment takes seconds to start: not in the quick loop.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 async def make(redis_sentinel_url: str) -> AsyncIterator[StorageFactory]:

@@ -88,6 +88,7 @@ def test_gcra_keeps_the_rate_exactly(rate: str, burst: int) -> None:
             assert due <= at <= due + n * limit.period_us / limit.amount * 3e-4 + 1, n
 
 
+@pytest.mark.slow
 @settings(max_examples=2000, deadline=None)
 @given(st.integers(1, 10**12), st.integers(1, 10 * 365 * 86400 * S), st.integers(1, 10**12))
 def test_gcra_ticks_keep_every_sum_exact_in_doubles(
@@ -181,6 +182,7 @@ def _replay(limit: Limit, history: list[tuple[int, int]]) -> tuple[Any, int]:
     return state, now
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(shapes, steps, st.integers(1, 7))
 def test_retry_after_is_exact(shape: tuple[str, int, int, int | None],
@@ -199,6 +201,7 @@ def test_retry_after_is_exact(shape: tuple[str, int, int, int | None],
         assert not decide(state, now + step.retry_us - 1, limit, cost).allowed
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(shapes, steps)
 def test_remaining_counts_the_requests_that_fit_now(
@@ -215,6 +218,7 @@ def test_remaining_counts_the_requests_that_fit_now(
     assert admitted == remaining
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(shapes, steps)
 def test_reset_after_restores_the_full_quota(

@@ -167,6 +167,7 @@ def test_uid_ignores_the_display_name() -> None:
     assert Limit("5/minute").uid != Limit("5/minute", "fixed_window").uid
 
 
+@pytest.mark.slow
 def test_a_limit_unpickled_in_another_process_hashes_like_a_fresh_one() -> None:
     """Limits key dicts and sets (policy names, shadow limits): one pickled under another
     string-hash seed must hash like the same limit built here."""

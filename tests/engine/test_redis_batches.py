@@ -72,6 +72,7 @@ async def test_a_batch_past_its_deadline_fails_every_waiter() -> None:
             await storage.close()
 
 
+@pytest.mark.slow
 async def test_a_batch_cut_off_closes_its_connection() -> None:
     """Its callers fail at their deadline, but the exchange goes on for a grace period (a
     slow connection set-up finishes); past it, the connection is closed rather than
@@ -90,6 +91,7 @@ async def test_a_batch_cut_off_closes_its_connection() -> None:
             await storage.close()
 
 
+@pytest.mark.slow
 async def test_a_slow_connection_set_up_does_not_starve_the_storage(
     redis_url: str, redis_prefix: str,
 ) -> None:
@@ -109,6 +111,7 @@ async def test_a_slow_connection_set_up_does_not_starve_the_storage(
     assert sources[-10:] == ["storage"] * 10, sources
 
 
+@pytest.mark.slow
 async def test_the_storage_timeout_bounds_every_batch() -> None:
     """``from_url(timeout=)`` bounds decisions asked without a timeout, and releases
     (given at least a second: a slot not given back stays taken for its whole lease)."""
@@ -193,11 +196,11 @@ async def test_the_guard_bound_holds_on_a_frozen_redis() -> None:
 
 
 async def test_a_lone_decision_reloads_the_script(
-    redis_url: str, redis_prefix: str,
+    own_redis_url: str, redis_prefix: str,
 ) -> None:
     """NOSCRIPT on a batch of one (a restarted Redis) loads the script and decides."""
-    storage = RedisStorage.from_url(redis_url, prefix=redis_prefix)
-    raw = aioredis.Redis.from_url(redis_url)
+    storage = RedisStorage.from_url(own_redis_url, prefix=redis_prefix)
+    raw = aioredis.Redis.from_url(own_redis_url)
     try:
         await storage.decide("k", [HIT])
         await raw.script_flush()
@@ -256,6 +259,7 @@ class _Answering(Storage):
         return None
 
 
+@pytest.mark.slow
 async def test_a_decision_its_caller_gave_up_on_is_not_sent(
     redis_url: str, redis_prefix: str,
 ) -> None:
@@ -430,6 +434,7 @@ async def test_a_killed_connection_is_made_again(redis_url: str, redis_prefix: s
         await storage.close()
 
 
+@pytest.mark.slow
 async def test_a_shorter_deadline_in_a_later_batch_still_holds() -> None:
     """One timer watches every batch: a later batch whose caller asked for less time
     than the batches before it still fails at its own deadline."""
@@ -541,6 +546,7 @@ async def test_the_clients_socket_timeout_bounds_pipelined_decisions() -> None:
             await storage.close()
 
 
+@pytest.mark.slow
 async def test_a_give_back_without_a_deadline_does_not_spare_its_batch_a_cut_off(
     redis_url: str, redis_prefix: str,
 ) -> None:

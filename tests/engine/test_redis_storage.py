@@ -39,6 +39,19 @@ async def raw(redis_url: str) -> AsyncIterator[aioredis.Redis]:
     await client.aclose()
 
 
+@pytest.fixture
+async def on_own_redis(
+    own_redis_url: str, redis_prefix: str,
+) -> AsyncIterator[tuple[RedisStorage, aioredis.Redis]]:
+    """A storage and a plain client on the session's own Redis, for tests that flush
+    its scripts."""
+    storage = RedisStorage.from_url(own_redis_url, prefix=redis_prefix)
+    client = aioredis.Redis.from_url(own_redis_url)
+    yield storage, client
+    await client.aclose()
+    await storage.close()
+
+
 def three_limits() -> list[Hit]:
     return [Hit(Limit("10/minute", "token_bucket", burst=20)),
             Hit(Limit("1000/day", "fixed_window")),
@@ -223,6 +236,72 @@ async def test_a_storage_without_the_pipeline_keeps_to_its_timeout() -> None:
         server.stop()
 
 
+async def test_a_slot_taken_by_a_decision_redis_ran_after_the_cut_off_is_given_back() -> None:
+    """Redis frozen past a decision's grace period: the connection is cut off, the
+    caller long answered by the failure policy; resumed, Redis runs the script it had
+    read and takes a slot for nobody. Once Redis answers again, that slot goes back
+    (it stayed taken for its whole lease, and a cap of one refused the client)."""
+    import os
+    import signal
+
+    server = RedisServer()
+    server.start()
+    storage = RedisStorage.from_url(server.url, timeout=0.1)
+    limit = Limit.concurrency(1, lease=30)
+    try:
+        first = await storage.decide("k", [Hit(limit)])  # connected, script loaded
+        await storage.release(first.leases)
+        assert server.proc is not None
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(StorageError):
+                await storage.decide("k", [Hit(limit)])
+            await asyncio.sleep(1.5)  # past the grace period: the connection is cut off
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        verdicts = []
+        for _ in range(20):  # the give-back follows Redis's first answer
+            verdicts.append(await storage.decide("k", [Hit(limit)]))
+            if verdicts[-1].allowed:
+                break
+            await asyncio.sleep(0.05)
+        assert verdicts[-1].allowed, [v.decisions[0].remaining for v in verdicts]
+        assert len(verdicts) <= 2
+    finally:
+        await storage.close()
+        server.stop()
+
+
+async def test_a_decision_redis_ran_after_its_timeout_charges_its_own_cost_once() -> None:
+    """The bound docs/failure.md states: a decision that timed out on the app side but
+    that Redis ran later charges its own caller once, its own cost, and nothing more."""
+    import os
+    import signal
+
+    server = RedisServer()
+    server.start()
+    storage = RedisStorage.from_url(server.url, timeout=0.1)
+    limit = Limit("10/minute")
+    try:
+        first = await storage.decide("k", [Hit(limit)])
+        assert first.decisions[0].remaining == 9
+        assert server.proc is not None
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            for _ in range(3):  # each sent, then given up on after 0.1 s
+                with pytest.raises(StorageError):
+                    await storage.decide("k", [Hit(limit, 2)])
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        other = await storage.decide("someone-else", [Hit(limit)])
+        after = await storage.peek("k", [Hit(limit)])
+        assert other.decisions[0].remaining == 9  # nobody else was charged
+        assert after.decisions[0].remaining == 9 - 3 * 2  # each undecided one charged once
+    finally:
+        await storage.close()
+        server.stop()
+
+
 def test_a_cluster_storage_takes_its_timeout() -> None:
     storage = cluster_storage_from_url("redis+cluster://127.0.0.1:7999", timeout=0.5)
     assert (storage.timeout, storage.pipeline) == (0.5, False)
@@ -241,8 +320,11 @@ async def test_decides_on_the_redis_clock(
     assert verdict.at is not None and abs(verdict.at - redis_now) < 0.5
 
 
-async def test_reloads_the_script_after_a_flush(storage: RedisStorage, raw: aioredis.Redis) -> None:
+async def test_reloads_the_script_after_a_flush(
+    on_own_redis: tuple[RedisStorage, aioredis.Redis],
+) -> None:
     """After SCRIPT FLUSH (a restart, a failover) the script is loaded again transparently."""
+    storage, raw = on_own_redis
     hit = Hit(Limit("2/minute"))
     assert (await storage.decide("flush", [hit])).allowed
     await raw.script_flush()
@@ -388,9 +470,10 @@ async def test_concurrent_decisions_share_one_pipeline(
 
 
 async def test_a_pipeline_reloads_the_script_after_a_flush(
-    storage: RedisStorage, raw: aioredis.Redis,
+    on_own_redis: tuple[RedisStorage, aioredis.Redis],
 ) -> None:
     """NOSCRIPT inside a pipeline loads the script again; every decision still counts."""
+    storage, raw = on_own_redis
     hit = Hit(Limit("3/minute", "sliding_log"))
     await storage.decide("warm", [hit])
     await raw.script_flush()

@@ -92,6 +92,32 @@ def test_compose_file_declares_redis_and_the_app_with_health_checks() -> None:
     assert (ROOT / "Dockerfile").read_text().count("example_app") >= 2
 
 
+def test_the_workers_share_a_fresh_metrics_directory() -> None:
+    """The app's workers sum their metrics in a tmpfs, empty at every start, which the
+    image creates for its user too."""
+    app = load_compose()["services"]["app"]
+    directory = app["environment"]["PROMETHEUS_MULTIPROC_DIR"]
+    assert app["tmpfs"] == [directory]
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert f"PROMETHEUS_MULTIPROC_DIR={directory}" in dockerfile
+    assert "prometheus]" in dockerfile  # the extra installed
+
+
+def test_the_monitoring_profile_runs_prometheus_and_grafana_on_the_deploy_files() -> None:
+    """Prometheus scrapes the app; Grafana is provisioned with it and the dashboard."""
+    services = load_compose()["services"]
+    prometheus, grafana = services["prometheus"], services["grafana"]
+    assert prometheus["profiles"] == grafana["profiles"] == ["monitoring"]
+    assert "app" not in services["app"].get("profiles", [])
+    for service in (prometheus, grafana):
+        for volume in service["volumes"]:
+            assert (ROOT / volume.split(":")[0]).exists(), volume
+    import yaml  # mkdocs's dependency, so the test command's
+
+    scrape = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
+    assert scrape["scrape_configs"][0]["static_configs"][0]["targets"] == ["app:8000"]
+
+
 def test_the_parser_refuses_what_it_does_not_understand() -> None:
     with pytest.raises(AssertionError):
         parse_block_yaml("services:\n  app\n")
@@ -100,15 +126,17 @@ def test_the_parser_refuses_what_it_does_not_understand() -> None:
 @pytest.mark.redis
 @pytest.mark.slow
 def test_the_compose_command_line_and_health_check_run(
-    redis_url: str, redis_prefix: str,
+    redis_url: str, redis_prefix: str, tmp_path: Path,
 ) -> None:
-    """The app service's command and environment, on loopback and the test Redis,
-    serve the example; its health check command exits 0 against it."""
+    """The app service's command and environment, on loopback and the test Redis (and
+    a metrics directory of the test's), serve the example; its health check command
+    exits 0 against it."""
     app = load_compose()["services"]["app"]
     command = list(app["command"])
     assert command[:2] == ["uvicorn", "example_app.main:app"]
     server = ExampleServer({**app["environment"], "RATELIMIT_STORAGE_URL": redis_url,
-                            "RATELIMIT_STORAGE_PREFIX": redis_prefix})
+                            "RATELIMIT_STORAGE_PREFIX": redis_prefix,
+                            "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
     command[command.index("--host") + 1] = "127.0.0.1"  # only loopback in the tests
     command[command.index("--port") + 1] = str(server.port)
     server.command = [str(BIN / command[0]), *command[1:]]
@@ -116,6 +144,7 @@ def test_the_compose_command_line_and_health_check_run(
     try:
         response = httpx.get(f"{server.url}/api/v1/hello", headers=FREE)
         assert response.status_code == 200
+        assert "ratelimit_decisions_total" in httpx.get(f"{server.url}/metrics").text
         assert app["healthcheck"]["test"][1] == "python"
         check = [sys.executable, *app["healthcheck"]["test"][2:]]
         check = [part.replace("127.0.0.1:8000", f"127.0.0.1:{server.port}") for part in check]
@@ -150,6 +179,7 @@ def test_every_run_command_leaves_forwarding_headers_to_the_rate_limiter() -> No
     assert "--no-proxy-headers" in json.loads(dockerfile.removeprefix("CMD "))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("trusted", "expected"), [
     ("", [200] * 5 + [429]),  # spoofed from loopback: still the one anonymous client
     ("127.0.0.1", [200] * 6),  # loopback as the trusted proxy: six clients

@@ -137,6 +137,7 @@ async def test_try_again_later_answers_are_not_stored(harness: Harness, status: 
     assert harness.orders.runs["create"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["redis"])
 async def test_a_handler_slower_than_the_lock_ttl_keeps_its_key(harness: Harness) -> None:
     """The lease is renewed while the handler runs: a retry after lock_ttl is still 409."""

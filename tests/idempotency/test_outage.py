@@ -161,6 +161,7 @@ async def test_redis_frozen_while_the_handler_runs_delays_the_answer_briefly(
     assert took < 2 * DEFAULT_TIMEOUT + SLACK  # the store, then the release of the key
 
 
+@pytest.mark.slow
 async def test_store_works_again_soon_after_sigcont(
     make_store: StoreFactory, redis_server: RedisServer
 ) -> None:

@@ -206,6 +206,7 @@ def test_lua_scripts_are_package_data() -> None:
     assert "milliseconds" in script_source("claim").splitlines()[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("deployment", ["cluster", "sentinel"])
 async def test_redis_store_from_cluster_and_sentinel_urls(
     deployment: str, request: pytest.FixtureRequest

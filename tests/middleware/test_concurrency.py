@@ -484,6 +484,7 @@ async def test_redis_many_requests_ending_together_all_give_back(
         await storage.close()
 
 
+@pytest.mark.slow
 async def test_redis_give_back_does_not_wait_for_redis_yet_comes_first(
     redis_url: str, redis_prefix: str,
 ) -> None:
@@ -725,6 +726,7 @@ async def real_time_storage(request: pytest.FixtureRequest) -> AsyncIterator[Sto
     await storage.close()
 
 
+@pytest.mark.slow
 async def test_a_request_longer_than_its_lease_keeps_its_slot(
     real_time_storage: Storage,
 ) -> None:
@@ -803,6 +805,7 @@ async def test_a_failing_renewal_is_logged_and_renewing_stops_when_nothing_is_he
         assert (await held).status_code == 200
 
 
+@pytest.mark.slow
 @pytest.mark.redis
 async def test_many_identities_keep_their_slots_past_the_lease(
     redis_url: str, redis_prefix: str,
@@ -832,6 +835,7 @@ async def test_many_identities_keep_their_slots_past_the_lease(
         await storage.close()
 
 
+@pytest.mark.slow
 async def test_a_hanging_storage_does_not_hold_up_the_fallback_s_renewals() -> None:
     """failure_mode=memory: request A holds a slot of the storage, whose renewals then
     hang; B, admitted on the memory fallback, keeps its slot past its lease all the
@@ -866,6 +870,7 @@ async def test_a_hanging_storage_does_not_hold_up_the_fallback_s_renewals() -> N
         assert [(await first).status_code, (await second).status_code] == [200, 200]
 
 
+@pytest.mark.slow
 def test_slots_held_on_two_event_loops_at_once_are_each_renewed() -> None:
     """One middleware driven from two event loops at the same time (a test client used
     without ``with`` runs each request on a loop of its own): a request on loop B does

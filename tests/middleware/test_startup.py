@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import free_port
 
 APP = '''
@@ -19,6 +21,7 @@ app.add_middleware(RateLimitMiddleware, tiers=[Tier("free", "10/minute")],
 '''
 
 
+@pytest.mark.slow
 def test_a_bad_option_stops_uvicorn_with_lifespan_on(tmp_path: Path) -> None:
     """Starlette builds the middleware at the lifespan's start: the error is the
     server's start-up failure, named, and it exits (no server answering 500s)."""

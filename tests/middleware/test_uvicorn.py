@@ -30,6 +30,7 @@ def server_url(redis_url: str, redis_prefix: str) -> Iterator[str]:
         yield url
 
 
+@pytest.mark.slow
 async def test_real_server_limits_and_waiting_retry_after_passes(server_url: str) -> None:
     """Over real HTTP: 200, then a 429 with Retry-After; waiting exactly that passes."""
     async with httpx.AsyncClient(base_url=server_url) as client:

@@ -402,11 +402,12 @@ async def test_failing_quota_reads_leave_the_decisions_storage_on(
     assert [reply.status_code for reply in replies] == [503] * 30
     assert replies[0].json() == {
         "error": "quota_unavailable",
-        "message": "The history can't be read right now; try again in 1s."}
+        "message": "The history can't be read right now; try again in 2s."}  # recovery_interval
     assert "10.0.3.7" in caplog.text and "event=quota_unavailable" in caplog.text
     assert greeted.headers["x-ratelimit-remaining"] == str(100 - 31)  # decided, not skipped
 
 
+@pytest.mark.slow
 async def test_a_stalled_quota_read_is_bounded() -> None:
     """A storage that stalls on the report (Redis in a long command): the quota
     endpoint answers 503 within its bound (ten times the decisions' timeout, a second

@@ -1,5 +1,5 @@
-"""Processes for the reliability tests: uvicorn serving ``tests.reliability.app``, a Redis
-of a test's own, a delaying TCP proxy, and a concurrent load that records every answer.
+"""Processes for the reliability tests: uvicorn serving ``tests.reliability.app``, a
+delaying TCP proxy, and a concurrent load that records every answer.
 
 Every process started here is stopped by the context manager that started it, even
 when the test fails; every wait polls with a deadline.
@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +24,7 @@ import redis as sync_redis
 from redis.cluster import ClusterNode
 
 from tests.conftest import free_port
-from tests.redis_servers import RedisProcess, StartupError
+from tests.redis_servers import StartupError
 
 __all__ = [
     "ROOT",
@@ -35,7 +34,6 @@ __all__ = [
     "Request",
     "assert_keys_expire",
     "delete_prefix",
-    "own_redis",
     "stop_group",
     "uvicorn_server",
 ]
@@ -104,28 +102,6 @@ def stop_group(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
-
-
-@contextlib.contextmanager
-def own_redis() -> Iterator[RedisProcess]:
-    """A redis-server of the test's own (no persistence), to kill and restart on its port."""
-    server = shutil.which("redis-server")
-    if server is None:
-        msg = "redis-server is not installed"
-        raise StartupError(msg)
-    workdir = Path(tempfile.mkdtemp(prefix="rl-reliability-redis-"))
-
-    def command(directory: Path, port: int) -> list[str]:
-        return [server, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
-                "--save", "", "--appendonly", "no"]
-
-    process = RedisProcess("reliability redis", workdir, command)
-    try:
-        process.start()
-        yield process
-    finally:
-        process.kill()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _client(url: str) -> sync_redis.Redis | sync_redis.RedisCluster:

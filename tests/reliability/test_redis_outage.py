@@ -17,8 +17,8 @@ from collections.abc import Mapping
 import pytest
 
 from ratelimit_mw import Hit, Limit, RedisStorage
-from tests.redis_servers import RedisProcess
-from tests.reliability.servers import RawHTTP, Reply, assert_keys_expire, own_redis, uvicorn_server
+from tests.redis_servers import RedisProcess, own_redis
+from tests.reliability.servers import RawHTTP, Reply, assert_keys_expire, uvicorn_server
 
 pytestmark = [pytest.mark.reliability, pytest.mark.redis, pytest.mark.slow]
 

@@ -20,8 +20,8 @@ from ratelimit_mw import RateLimitSettings
 from ratelimit_mw.events import DecisionEvent
 from ratelimit_mw.middleware import RateLimitMiddleware
 from ratelimit_mw.tiers import Tier
-from tests.redis_servers import RedisProcess
-from tests.reliability.servers import DelayProxy, own_redis
+from tests.redis_servers import RedisProcess, own_redis
+from tests.reliability.servers import DelayProxy
 
 pytestmark = [pytest.mark.reliability, pytest.mark.redis, pytest.mark.slow]
 

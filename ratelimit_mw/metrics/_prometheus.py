@@ -1,0 +1,209 @@
+"""The events as Prometheus metrics (``prometheus_client``, extra ``prometheus``).
+
+With ``PROMETHEUS_MULTIPROC_DIR`` set (before the first import of prometheus_client),
+every worker writes its values to files there and ``metrics_endpoint`` serves the sum
+over the workers: prometheus_client's multiprocess mode.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Hashable
+from typing import Any
+
+try:
+    from prometheus_client import (
+        CONTENT_TYPE_LATEST,
+        CollectorRegistry,
+        Counter,
+        Gauge,
+        Histogram,
+        generate_latest,
+    )
+    from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    msg = "PrometheusMetrics needs prometheus_client: pip install 'ratelimit_mw[prometheus]'"
+    raise ImportError(msg) from exc
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..breaker import CircuitState
+from ..errors import ConfigError
+from ..events import DecisionEvent
+from ._instruments import (
+    ERROR_KINDS,
+    IDEMPOTENCY_EVENTS,
+    UNMATCHED_ROUTE,
+    ErrorKind,
+    IdempotencyEvent,
+    Metrics,
+    outcome_of,
+    policy_of,
+)
+from ._tally import Tally
+
+__all__ = ["STORAGE_BUCKETS", "PrometheusMetrics"]
+
+STORAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+"""Storage latency buckets, in seconds: a Redis round trip is well under a millisecond
+to a few."""
+
+
+class PrometheusMetrics(Metrics):
+    """Counts ratelimit_mw's events as Prometheus metrics in ``registry`` (a registry of
+    its own by default, served by ``metrics_endpoint``).
+
+    >>> from ratelimit_mw.metrics import PrometheusMetrics
+    >>> metrics = PrometheusMetrics()
+    >>> # RateLimitMiddleware(app, metrics=metrics); app.add_route("/metrics", metrics.endpoint)
+    """
+
+    __slots__ = ("_children", "_circuit", "_circuit_refused", "_circuit_transitions",
+                 "_client_attempts", "_client_give_ups", "_client_retries", "_client_sleep",
+                 "_decisions", "_denials", "_idempotency", "_slot_failures", "_slots",
+                 "_storage_errors", "_storage_seconds", "registry")
+
+    def __init__(self, registry: CollectorRegistry | None = None,
+                 namespace: str = "ratelimit") -> None:
+        directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if directory and not os.path.isdir(directory):
+            msg = (f"PROMETHEUS_MULTIPROC_DIR={directory!r} is not a directory; create it "
+                   f"(empty) before the workers start, or unset it for one process")
+            raise ConfigError(msg)
+        self.registry = registry if registry is not None else CollectorRegistry()
+
+        def make(kind: Callable[..., Any], name: str, doc: str, labels: tuple[str, ...] = (),
+                 **options: Any) -> Any:
+            return kind(name, doc, labels, namespace=namespace, registry=self.registry,
+                        **options)
+
+        decided = ("Requests decided, by outcome and source", ("tier", "route", "outcome",
+                                                               "source"))
+        # Counted per request: as plain numbers, unless the workers share files.
+        self._decisions = (make(Counter, "decisions", *decided) if _multiprocess()
+                           else Tally(f"{namespace}_decisions", *decided, self.registry))
+        self._denials = make(Counter, "policy_denials", "Denials by the limit that denied",
+                             ("tier", "route", "policy", "outcome"))
+        self._storage_seconds = make(Histogram, "storage_call_duration_seconds",
+                                     "Decisions' storage calls", buckets=STORAGE_BUCKETS)
+        self._storage_errors = make(Counter, "storage_errors", "Failed storage calls",
+                                    ("kind",))
+        self._slots = make(Gauge, "slots_in_flight", "Concurrency slots held", ("tier",),
+                           multiprocess_mode="livesum")
+        self._slot_failures = make(Counter, "slot_release_failures",
+                                   "Slots that could not be given back")
+        self._circuit = make(Gauge, "circuit_state", "1 for the breaker's state (summed "
+                             "over workers)", ("breaker", "state"), multiprocess_mode="livesum")
+        self._circuit_transitions = make(Counter, "circuit_transitions", "Breaker state "
+                                         "changes", ("breaker", "from_state", "to_state"))
+        self._circuit_refused = make(Counter, "circuit_refused", "Calls a breaker refused",
+                                     ("breaker",))
+        self._idempotency = make(Counter, "idempotency_events",
+                                 "Replays, conflicts (409), mismatches (422), store failures",
+                                 ("event",))
+        self._client_attempts = make(Counter, "client_attempts", "Attempts sent", ("host",))
+        self._client_retries = make(Counter, "client_retries", "Retries by cause",
+                                    ("host", "cause"))
+        self._client_sleep = make(Counter, "client_sleep_seconds", "Time slept before retries",
+                                  ("host",))
+        self._client_give_ups = make(Counter, "client_give_ups", "Requests given up on",
+                                     ("host", "reason"))
+        # Label children by their label values: labels() costs several times an inc().
+        self._children: dict[Hashable, Any] = {}
+        # Series of the known label values exist from the start, at 0 (an alert on them
+        # works before the first event; rate() sees the first one).
+        for kind in ERROR_KINDS:
+            self._child(self._storage_errors, kind)
+        for event in IDEMPOTENCY_EVENTS:
+            self._child(self._idempotency, event)
+
+    def _decision_count(self, *values: str) -> Any:
+        decisions = self._decisions
+        if isinstance(decisions, Tally):
+            return decisions.labels_cell(*values)
+        return decisions.labels(*values)
+
+    def _child(self, metric: Any, *values: str) -> Any:
+        key = (id(metric), *values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
+
+    def decision(self, event: DecisionEvent) -> None:
+        # The per-request path: one look-up by what sets the labels (a storage that is
+        # down is the only source without a verdict), then the count.
+        key = (event.tier, event.route, event.source, event.refused, event.shadow)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self._decision_count(
+                event.tier, event.route or UNMATCHED_ROUTE, outcome_of(event), event.source)
+        child.inc()
+        if (event.refused or event.shadow) and event.verdict is not None:
+            self._child(self._denials, event.tier, event.route or UNMATCHED_ROUTE,
+                        policy_of(event), outcome_of(event)).inc()
+
+    def storage_call(self, seconds: float) -> None:
+        self._storage_seconds.observe(seconds)
+
+    def storage_error(self, kind: ErrorKind) -> None:
+        self._child(self._storage_errors, kind).inc()
+
+    def slots_in_flight(self, tier: str, change: int) -> None:
+        self._child(self._slots, tier).inc(change)
+
+    def slot_release_failed(self, count: int) -> None:
+        self._slot_failures.inc(count)
+
+    def circuit_state(self, breaker: str, old: CircuitState | None,
+                      new: CircuitState) -> None:
+        if old is None:
+            for state in CircuitState:
+                self._child(self._circuit, breaker, state.value).set(0)
+        else:
+            self._child(self._circuit, breaker, old.value).set(0)
+            self._child(self._circuit_transitions, breaker, old.value, new.value).inc()
+        self._child(self._circuit, breaker, new.value).set(1)
+        self._child(self._circuit_refused, breaker)  # from 0, for rate()
+
+    def circuit_refused(self, breaker: str) -> None:
+        self._child(self._circuit_refused, breaker).inc()
+
+    def idempotency(self, event: IdempotencyEvent) -> None:
+        self._child(self._idempotency, event).inc()
+
+    def client_attempt(self, host: str) -> None:
+        self._child(self._client_attempts, host).inc()
+
+    def client_retry(self, host: str, cause: str, wait: float) -> None:
+        self._child(self._client_retries, host, cause).inc()
+        self._child(self._client_sleep, host).inc(wait)
+
+    def client_give_up(self, host: str, reason: str) -> None:
+        self._child(self._client_give_ups, host, reason).inc()
+
+    def exposition(self) -> bytes:
+        """The metrics in Prometheus's text format: this process's, or in multiprocess
+        mode the sum over every worker's."""
+        if _multiprocess():
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+            return generate_latest(registry)
+        return generate_latest(self.registry)
+
+    def process_exited(self) -> None:
+        """In multiprocess mode, drop this worker's live gauges (slots in flight, breaker
+        states) from the sum: call it when the worker shuts down."""
+        if _multiprocess():
+            mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
+
+    async def endpoint(self, request: Request) -> Response:
+        """A Starlette endpoint serving ``exposition()`` (``app.add_route("/metrics",
+        metrics.endpoint)``)."""
+        return Response(self.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+
+def _multiprocess() -> bool:
+    """Whether prometheus_client writes its values to the workers' shared files."""
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
