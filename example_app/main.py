@@ -12,13 +12,17 @@ with several workers, ``PROMETHEUS_MULTIPROC_DIR`` names the directory they shar
 
 Callers send ``X-API-Key: demo-free`` (or ``demo-starter``, ``demo-pro``,
 ``demo-enterprise``); without a key they get the anonymous tier, keyed by client
-IP; an unknown key gets 401 before anything is counted.
+IP; an unknown key gets 401 before anything is counted. ``demo-enterprise`` is given
+negotiated limits by an override at start-up; with ``RATELIMIT_ADMIN_TOKEN`` set (the
+run script sets a demo one) the admin API under ``/admin/ratelimit`` changes
+overrides at run time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
 import random
 import uuid
@@ -45,6 +49,7 @@ from ratelimit_mw import (
 )
 from ratelimit_mw.breaker import CircuitBreaker
 from ratelimit_mw.breaker.guard import breaker_dependency
+from ratelimit_mw.errors import StorageError
 from ratelimit_mw.idempotency import (
     IdempotencyStore,
     MemoryIdempotencyStore,
@@ -52,6 +57,8 @@ from ratelimit_mw.idempotency import (
 )
 from ratelimit_mw.metrics import PrometheusMetrics
 from ratelimit_mw.openapi import document_limits
+from ratelimit_mw.overrides import Override, Overrides, admin_router, caller_key
+from ratelimit_mw.policy import Limit
 
 TIERS_FILE = Path(__file__).with_name("tiers.toml")
 API_KEYS = {
@@ -124,10 +131,24 @@ def _idempotency_store() -> IdempotencyStore:
 
 
 idempotency_store = _idempotency_store()
+# Per-customer limits set at run time, kept where the counters are.
+overrides = Overrides.from_url(settings.storage_url, prefix=settings.storage_prefix)
+ENTERPRISE_DEAL = Override(
+    caller_key("api_key:demo-enterprise"), plan="enterprise",
+    limits=[Limit("5000/minute", "token_bucket", burst=10000, name="burst"),
+            Limit("5000000/day", "fixed_window", name="daily")],
+    concurrency=200, reason="negotiated limits (demo)")
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    # Each worker writes the same deal: the last write wins, and they are equal. A
+    # storage down at start-up must not stop the app (an earlier write may be there).
+    try:
+        await overrides.set(ENTERPRISE_DEAL, by="example app start-up")
+    except StorageError as exc:
+        logging.getLogger("ratelimit_mw").warning(
+            "example app: couldn't store demo-enterprise's override: %s", exc)
     # What start-up built stays for good: out of the garbage collector's view, a full
     # collection need not walk it (see docs/deployment.md, "Many keys in memory").
     gc.collect()
@@ -208,6 +229,11 @@ async def upstream(failure_rate: float = Query(0.0, ge=0, le=1)) -> JSONResponse
 
 
 app.include_router(quota_router())  # document_limits describes its two routes
+if settings.admin_token is not None:
+    app.include_router(admin_router(settings=settings))
+else:
+    logging.getLogger("ratelimit_mw").warning(
+        "example app: RATELIMIT_ADMIN_TOKEN is not set; the admin API is not mounted")
 
 
 @exempt
@@ -229,7 +255,7 @@ app.add_middleware(IdempotencyMiddleware, store=idempotency_store,
 # ``settings`` parameter; the call is right.)
 app.add_middleware(RateLimitMiddleware, settings=settings,  # type: ignore[arg-type]
                    tier_resolver=TierByAPIKey(API_KEYS, header=settings.api_key_header),
-                   metrics=metrics)
+                   metrics=metrics, overrides=overrides)
 app.add_middleware(APIKeyAuth, keys=API_KEYS, open_paths=("/health",),
                    header=settings.api_key_header)
 # /openapi.json and /docs tell the limits, the 429 and 503, and the Idempotency-Key.

@@ -58,6 +58,11 @@ class BlockedKeys:
         del self._keys[(key, plan)]
         return None
 
+    def forget(self, key: str) -> None:
+        """Drop every kept denial of ``key`` (its counters were reset)."""
+        for kept in [kept for kept in self._keys if kept[0] == key]:
+            del self._keys[kept]
+
     def keep(self, key: str, plan: Plan, verdict: Verdict, now: float) -> None:
         """Remember a denial the shared storage made (``now``: when it answered, so
         that a Retry-After never points earlier than the real wait)."""

@@ -11,9 +11,10 @@ from .decision import Verdict
 
 __all__ = ["DecisionEvent", "DecisionHook", "Source", "log_denial"]
 
-Source = Literal["storage", "blocked", "fallback", "unavailable"]
+Source = Literal["storage", "blocked", "fallback", "unavailable", "override"]
 """Where a verdict came from: the storage, the local cache of blocked keys, the
-in-memory fallback (``memory`` failure mode), or nowhere (storage down)."""
+in-memory fallback (``memory`` failure mode), nowhere (storage down), or an
+override that blocks the caller."""
 
 _log = logging.getLogger("ratelimit_mw")
 

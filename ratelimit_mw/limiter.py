@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from mypy_extensions import mypyc_attr
 from starlette.types import ASGIApp, Scope
@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Scope
 from .asgi import Header
 from .blocked import Blocked, BlockedKeys
 from .breaker import Gate
-from .decision import Verdict
+from .decision import Decision, Verdict
 from .events import DecisionEvent, DecisionHook, Source, call_hook, log_denial
 from .failure import GuardedStorage
 from .headers import HeaderFormat
@@ -29,15 +29,23 @@ from .identity import Caller, Identity
 from .metrics import Metrics
 from .outcome import Charge, Outcome
 from .plans import Plan, Plans, enforced_denial, with_shadowed
+from .policy import Limit
+from .responses import iso_utc, json_body
 from .route_table import RouteTable
 from .routes import NO_ROUTE, RouteRule, RouteSpec
 from .settings import RateLimitSettings
 from .storage import Storage
 from .tiers import Tier, TierTable
 
+if TYPE_CHECKING:
+    from .overrides.view import Overrides
+
 __all__ = ["STATE_KEY", "Limiter", "limiter_of"]
 
 T = TypeVar("T")
+
+_BLOCK = Limit("1/second", "fixed_window", name="blocked")
+"""The policy a block of a caller whose tier has no limits is reported under."""
 
 STATE_KEY = "ratelimit"
 """Where ``scope["state"]`` holds the limiter of the request (for the quota endpoints and
@@ -61,15 +69,15 @@ class Limiter:
     """
 
     __slots__ = ("_blocked", "_format", "_on_decision", "_remade", "_route_cache", "_shadow",
-                 "_usage", "clock", "guarded", "identity", "plans", "routes", "settings",
-                 "storage")
+                 "_usage", "clock", "guarded", "identity", "overrides", "plans", "routes",
+                 "settings", "storage")
 
     def __init__(
         self, app: ASGIApp, settings: RateLimitSettings, *, storage: Storage,
         identity: Identity, rules: Sequence[RouteRule] = (),
         on_decision: DecisionHook | None = None, clock: Callable[[], float] = time.time,
         breaker: Gate | None = None, remade_denials: bool = False,
-        metrics: Metrics | None = None,
+        metrics: Metrics | None = None, overrides: Overrides | None = None,
     ) -> None:
         self.settings = settings
         self.storage = storage
@@ -94,6 +102,10 @@ class Limiter:
         self.plans.check(identity.tiers.tiers.values(), self.routes.known_specs())
         # Only denials of a shared storage are kept: one in this process answers as fast.
         self._blocked = BlockedKeys(0 if settings.shadow else settings.blocked_cache_size)
+        # Per-caller tiers, limits and blocks set at run time (``ratelimit_mw.overrides``).
+        self.overrides = overrides
+        if overrides is not None:
+            overrides.attach(identity.tiers, self._blocked.forget)
 
     @property
     def tiers(self) -> TierTable:
@@ -106,12 +118,22 @@ class Limiter:
         return self.identity.answers_now
 
     async def identify(self, scope: Scope) -> Caller | None:
-        """Who ``scope`` counts for (None: not limited), as the limits resolve it; also
-        for routes the limits leave alone."""
-        return await self.identity.caller(scope)
+        """Who ``scope`` counts for (None: not limited), as the limits resolve it, an
+        override's tier included; also for routes the limits leave alone."""
+        caller = await self.identity.caller(scope)
+        if caller is not None and self.overrides is not None:
+            applied = self.overrides.find(caller.key)
+            if applied is not None:
+                return Caller(caller.key, applied.tier_for(caller.tier))
+        return caller
 
-    def plan_for(self, tier: Tier) -> Plan:
-        """The plan of ``tier`` on a route without limits of its own (quota reports)."""
+    def plan_for(self, tier: Tier, key: str | None = None) -> Plan:
+        """The plan of ``tier`` (of the caller ``key``, whose override applies) on a route
+        without limits of its own (quota reports)."""
+        if key is not None and self.overrides is not None:
+            applied = self.overrides.find(key)
+            if applied is not None:
+                return applied.plan(tier, NO_ROUTE, self.plans)
         return self.plans.get(tier, NO_ROUTE)
 
     @property
@@ -136,6 +158,11 @@ class Limiter:
         key = identity.key_now(scope)
         if key is None:
             return None
+        overrides = self.overrides
+        if overrides is not None:
+            applied = overrides.find(key)
+            if applied is not None:
+                return key, applied.plan(identity.tier_now(scope), route, self.plans)
         return key, self.plans.get(identity.tier_now(scope), route)
 
     async def charge(self, scope: Scope) -> Charge | None:
@@ -148,11 +175,18 @@ class Limiter:
         key = await identity.key_of(scope)
         if key is None:
             return None
+        overrides = self.overrides
+        if overrides is not None:
+            applied = overrides.find(key)
+            if applied is not None:
+                return key, applied.plan(await identity.tier_of(scope), route, self.plans)
         return key, self.plans.get(await identity.tier_of(scope), route)
 
     def decide_now(self, charge: Charge) -> Outcome | None:
         """The outcome, if the storage decides without awaiting; else None (``decide``)."""
         key, plan = charge
+        if plan.blocked_until:
+            return self._from_override_block(key, plan)
         storage = self.storage
         usage = self._usage and plan.route.cost
         verdict = storage.decide_now(key, plan.hits, usage)
@@ -170,6 +204,8 @@ class Limiter:
         """The outcome, from the storage under the failure policy (or the cache of
         blocked keys)."""
         key, plan = charge
+        if plan.blocked_until:
+            return self._from_override_block(key, plan)
         now = self.clock()
         if self._blocked.size:
             blocked = self._blocked.get(key, plan, now)
@@ -225,6 +261,27 @@ class Limiter:
         if self._on_decision is not None:
             call_hook(self._on_decision, DecisionEvent(
                 key, plan.tier.name, plan.route.label, "blocked", verdict, True, False))
+        return outcome
+
+    def _from_override_block(self, key: str, plan: Plan) -> Outcome:
+        """The 429 of a caller an override blocks: every limit spent until the block
+        ends, ``Retry-After`` pointing there, without asking the storage."""
+        now = self.clock()
+        wait = max(1, math.ceil(plan.blocked_until - now))
+        verdict = Verdict(False, tuple(
+            Decision(False, hit.limit.capacity, 0, wait, wait, hit.limit, hit.scope)
+            for hit in plan.hits) or (Decision(False, 0, 0, wait, wait, _BLOCK),), (), now)
+        outcome = self._finish(key, plan, verdict, "override", not self._shadow, now)
+        if not plan.hits:
+            outcome.headers = []  # no limit to report: Retry-After alone says it
+        if outcome.refused and not self._remade:  # else the app's on_denied answers
+            until = iso_utc(now + wait)
+            body = json_body({
+                "error": "blocked",
+                "message": f"Requests from this caller are blocked until {until}.",
+                "retry_after_seconds": wait, "limit": 0, "window": None, "reset_at": until})
+            outcome.response = (b"application/json", body,
+                                [*outcome.headers, (b"retry-after", str(wait).encode())])
         return outcome
 
     def _finish(self, key: str, plan: Plan, verdict: Verdict | None, source: Source,

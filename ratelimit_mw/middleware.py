@@ -20,7 +20,7 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mypy_extensions import mypyc_attr
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -43,6 +43,9 @@ from .slots import Slots
 from .storage import Storage, storage_from_url
 from .tiers import Tier, TierResolver, TierTable
 
+if TYPE_CHECKING:
+    from .overrides.view import Overrides
+
 __all__ = ["RateLimitMiddleware"]
 
 _log = logging.getLogger("ratelimit_mw")
@@ -58,10 +61,11 @@ class RateLimitMiddleware:
     from settings), a ``key`` function (``"ip"``, ``"api_key"``, ``"user"`` or a
     sync/async callable of the scope), a ``tier_resolver`` (sync/async callable of
     the scope returning a tier name), route ``rules``, an ``on_denied`` hook for a
-    custom 429, an ``on_decision`` hook for metrics, a ``clock`` (epoch seconds) and
-    a circuit ``breaker`` for the storage, and ``metrics`` (a ``PrometheusMetrics`` or
+    custom 429, an ``on_decision`` hook for metrics, a ``clock`` (epoch seconds), a
+    circuit ``breaker`` for the storage, ``metrics`` (a ``PrometheusMetrics`` or
     ``OTelMetrics`` of ``ratelimit_mw.metrics``) to count decisions, storage calls,
-    slots and the storage breaker's state.
+    slots and the storage breaker's state, and ``overrides`` (per-caller tiers, limits
+    and blocks set at run time: ``ratelimit_mw.overrides``).
     """
 
     def __init__(
@@ -79,6 +83,7 @@ class RateLimitMiddleware:
         clock: Callable[[], float] = time.time,
         breaker: Gate | None = None,
         metrics: Metrics | None = None,
+        overrides: Overrides | None = None,
     ) -> None:
         _check_objects(settings=settings, storage=storage, tier_resolver=tier_resolver,
                        on_denied=on_denied, on_decision=on_decision, clock=clock,
@@ -98,7 +103,8 @@ class RateLimitMiddleware:
                            else _both(on_decision, metrics.decision))
         self.limiter = Limiter(app, settings, storage=storage, identity=identity, rules=rules,
                                on_decision=on_decision, clock=clock, breaker=breaker,
-                               remade_denials=on_denied is not None, metrics=metrics)
+                               remade_denials=on_denied is not None, metrics=metrics,
+                               overrides=overrides)
         for pattern in self.limiter.routes.unreachable():
             _log.warning("ratelimit_mw: the route pattern %r matches no route of the app "
                          "(as its routes are when the middleware starts); its limits or "
@@ -179,7 +185,7 @@ class RateLimitMiddleware:
         kind = scope["type"]
         if kind == "websocket" and self.settings.limit_websockets:
             await self._websocket(scope, receive, send)
-        elif kind == "lifespan" and self._owns_storage:
+        elif kind == "lifespan" and (self._owns_storage or self.limiter.overrides is not None):
             await self.app(scope, self._closing(receive), send)
         else:
             await self.app(scope, receive, send)
@@ -258,11 +264,19 @@ class RateLimitMiddleware:
         await self.slots.release(leases, source)
 
     def _closing(self, receive: Receive) -> Receive:
-        """Close the storage we opened when the app shuts down."""
+        """Load the overrides when the app starts; close the storage we opened and
+        stop following the overrides when it shuts down."""
+        overrides = self.limiter.overrides
+
         async def wrapped() -> Message:
             message = await receive()
-            if message["type"] == "lifespan.shutdown":
-                await self.storage.close()
+            if message["type"] == "lifespan.startup" and overrides is not None:
+                await overrides.start()
+            elif message["type"] == "lifespan.shutdown":
+                if overrides is not None:
+                    await overrides.close()
+                if self._owns_storage:
+                    await self.storage.close()
             return message
 
         return wrapped

@@ -39,6 +39,9 @@ class Plan:
     """True when the plan takes a concurrency slot (to give back when the request ends)."""
     clash: tuple[Hit, Hit] | None = None
     """Two of its hits on one counter, if any (``check_plan`` refuses them)."""
+    blocked_until: float = 0.0
+    """When an override blocks its caller: the epoch time until which nothing is
+    admitted (0: not blocked)."""
 
     def shadow_only(self, verdict: Verdict) -> bool:
         """True when every limit that denied ``verdict`` is a shadow limit."""
@@ -139,12 +142,19 @@ class Plans:
     def get(self, tier: Tier, route: RouteSpec) -> Plan:
         """The plan of ``tier`` on ``route``."""
         plan = self._made.get((tier.name, route))
-        if plan is None:
-            if len(self._made) >= _KEPT:
-                self._made.clear()
-            plan = self._made[(tier.name, route)] = make_plan(
-                tier, route, self._format, self._lease)
-            self._check_late(plan)
+        if plan is not None and plan.tier is tier:
+            return plan
+        if plan is not None:  # another tier of that name (an override's): not kept
+            return self.make(tier, route)
+        if len(self._made) >= _KEPT:
+            self._made.clear()
+        plan = self._made[(tier.name, route)] = self.make(tier, route)
+        return plan
+
+    def make(self, tier: Tier, route: RouteSpec) -> Plan:
+        """A new plan of ``tier`` on ``route``, checked (for a caller that keeps it)."""
+        plan = make_plan(tier, route, self._format, self._lease)
+        self._check_late(plan)
         return plan
 
     def check(self, tiers: Iterable[Tier], routes: Iterable[RouteSpec]) -> None:

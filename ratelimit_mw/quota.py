@@ -172,7 +172,7 @@ class _QuotaEndpoints:
         limiter, caller = await self._caller(request)
         if caller is None:
             return self._unauthorized()
-        plan = limiter.plan_for(caller.tier)
+        plan = limiter.plan_for(caller.tier, caller.key)
         now = limiter.clock()
         storage = limiter.storage
         try:

@@ -28,6 +28,7 @@ __all__ = [
     "error_body",
     "error_response",
     "iso_utc",
+    "json_body",
     "send_response",
     "unavailable_body",
 ]
@@ -120,13 +121,13 @@ def denial_body(denial: Denial, fmt: ResponseFormat = "json") -> tuple[bytes, by
             "violated-policies": [policy_label(name) for name in denial.policies],
             **fields,
         }
-        return b"application/problem+json", _dump(body)
-    return b"application/json", _dump(error_body("rate_limit_exceeded", message, **fields))
+        return b"application/problem+json", json_body(body)
+    return b"application/json", json_body(error_body("rate_limit_exceeded", message, **fields))
 
 
 def unavailable_body(retry_after: int) -> bytes:
     """The body of the 503 sent while the storage is down and the policy is ``closed``."""
-    return _dump(error_body(
+    return json_body(error_body(
         "rate_limit_unavailable", "The rate limiter cannot decide right now; try again shortly.",
         retry_after_seconds=retry_after))
 
@@ -145,8 +146,11 @@ def error_response(status: int, error: str, message: str, *,
                         headers={"Cache-Control": "no-store", **(headers or {})})
 
 
-def _dump(value: object) -> bytes:
+def json_body(value: object) -> bytes:
+    """``value`` as compact ASCII JSON, as every body the library makes is written."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=True).encode()
+
+
 
 
 async def send_response(

@@ -40,6 +40,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     BaseModel,
     ConfigDict,
+    SecretStr,
     StrictInt,
     ValidationInfo,
     field_validator,
@@ -220,6 +221,8 @@ class RateLimitSettings(BaseSettings):
     quota_history: bool = False
     usage_retention_hours: int = 7 * 24
     usage_retention_days: int = 90
+    admin_token: SecretStr | None = None
+    """The bearer token of the overrides' admin API (``RATELIMIT_ADMIN_TOKEN``)."""
 
     @classmethod
     def settings_customise_sources(

@@ -150,7 +150,7 @@ async def test_quota_numbers_match_the_requests_made(
 
 
 async def test_callers_see_only_their_own_quota(start_server: StartServer, kind: str) -> None:
-    """Each key sees its own plan and counts; enterprise has no rate limits at all."""
+    """Each key sees its own plan and counts; enterprise its negotiated limits."""
     server = start_server(kind)
     async with httpx.AsyncClient(base_url=server.url) as client:
         for _ in range(3):
@@ -165,8 +165,11 @@ async def test_callers_see_only_their_own_quota(start_server: StartServer, kind:
     assert starter["limits"] == {"requests_per_minute": 100, "requests_per_day": 50000}
     assert (pro["plan"], pro["usage"]["requests_today"]) == ("pro", 0)
     assert pro["limits"] == {"requests_per_minute": 1000, "requests_per_day": 500000}
-    assert enterprise["limits"] == {}
-    assert enterprise["usage"] == {"requests_today": 0, "requests_this_minute": None}
+    # The override the app gives demo-enterprise at start-up: its negotiated limits.
+    assert enterprise["plan"] == "enterprise"
+    assert enterprise["limits"] == {"requests_per_minute": 5000, "requests_per_day": 5000000}
+    assert enterprise["burst"] == {"requests_per_minute": 10000}
+    assert enterprise["usage"] == {"requests_today": 0, "requests_this_minute": 0}
     assert enterprise["concurrency"] == {"limit": 200, "in_flight": 0}
 
 
