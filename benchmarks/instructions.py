@@ -12,21 +12,26 @@ pipeline depends on timing); ``--repeat 3`` takes the median, ``--connections 1`
 them without coalescing. The kernel's share of a request is not counted, so ratios of
 instructions come out lower than ratios of throughput.
 
-    python benchmarks/instructions.py [--build compiled|source] [--server httptools|h11]
+    python benchmarks/instructions.py [--build both|compiled|source] [--server httptools|h11]
                                       [--requests 4000] [--warmup 2000] [--connections 8]
                                       [--repeat 1] [--redis URL] [--python PYTHON]
-                                      [--peers] [apps...]
+                                      [--peers] [--keep DIR] [--json FILE] [apps...]
 
 Apps default to ``bare headers memory memory-tier redis redis-tier``; the two controls
 ``bare`` and ``headers`` are counted whatever is named. ``--peers`` adds the peer apps
-of ``benchmarks/peer_apps.py`` whose packages the server's Python has. For the Redis apps
+of ``benchmarks/peer_apps.py`` whose packages the server's Python has. ratelimit_mw's
+apps are counted on both builds by default (from source, what ``pip install`` gives, and
+compiled by ``scripts/compile``); the controls and peers once. For the Redis apps
 without ``--redis``, a throwaway ``redis-server`` is started on a free port and stopped
-at the end. Printed: a markdown table of instructions per request with the ratios
-headers/app and bare/app (the fraction of the control's speed, as the ratios of
-``middleware.py`` read), and the commands that produced it. For example:
+at the end. The server runs with a storage timeout of 60 s and the failure mode closed,
+and the script stops unless every response has the app's status, so no fail-open
+answer is ever counted. Printed (see ``instruction_table.py``): a markdown table of
+instructions per request per build with the ratios app/headers and app/bare, and the
+commands that produced it. ``--keep`` saves each dump for ``callgrind_annotate``. For
+example:
 
     ./scripts/compile
-    python benchmarks/instructions.py --server httptools --repeat 2 memory memory-tier
+    python benchmarks/instructions.py --requests 2000 --peers bare headers memory quiet
 
 Needs valgrind (``callgrind_control`` included) and, for ``--server httptools``, a
 ``--python`` with httptools and uvloop (``uvicorn[standard]``).
@@ -43,7 +48,6 @@ import os
 import shlex
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,9 +58,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
-from typing import NamedTuple, TypedDict
+from typing import TypedDict
 
 import redis
+from instruction_table import Count, expected_status, progress, report, results
 
 # benchmarks/ is on sys.path: first when run as a script, uvicorn's --app-dir in the server
 from middleware import APPS, BUILDS, PEERS, SERVERS, _forget, _free_port
@@ -65,6 +70,8 @@ from middleware import create_app as _create_app
 HERE = Path(__file__).resolve().parent
 DEFAULT_APPS = ("bare", "headers", "memory", "memory-tier", "redis", "redis-tier")
 CONTROLS = ("bare", "headers")
+WITHOUT_RATELIMIT_MW = (*CONTROLS, "floor")
+"""The apps of ``middleware.py`` that do not run ratelimit_mw: counted on one build."""
 REDIS_APPS = frozenset({"redis", "denial", "redis-tier"}).union(
     peer for peer in PEERS if peer.endswith("-redis"))
 # The modules each peer library needs, by the peer app's name less its storage.
@@ -99,33 +106,6 @@ class Origin(TypedDict):
     middleware: str
     mypyc: list[str]
     """The files of mypyc's runtime modules (``<hash>__mypyc``) it imported."""
-
-
-class Count(NamedTuple):
-    """One counted run of one app."""
-
-    app: str
-    instructions: int
-    """Total ``Ir`` of the server process over the counted requests."""
-    requests: int
-    statuses: dict[int, int]
-    started: float
-    """Seconds from launching valgrind until uvicorn listened."""
-    warmed: float
-    """Seconds of warm-up."""
-    counted: float
-    """Seconds of the counted requests."""
-    total: float
-    """Seconds of the whole run, server stop included."""
-    command: str
-    """The server's command line, for a shell."""
-    origin: str
-    """Where the server imported ratelimit_mw from."""
-
-    @property
-    def per_request(self) -> float:
-        """Instructions per counted request."""
-        return self.instructions / self.requests
 
 
 def create_app() -> object:
@@ -196,7 +176,10 @@ def _server_env(app: str, settings: Settings, out_dir: Path) -> dict[str, str]:
     return {"BENCH_APP": app, "BENCH_REDIS": settings.redis_url,
             "BENCH_PREFIX": f"bench:{uuid.uuid4().hex[:8]}:",
             "BENCH_ORIGIN": str(out_dir / "origin.json"), "PYTHONPATH": path,
-            "PYTHONHASHSEED": "0"}  # the same set and dict layouts from run to run
+            "PYTHONHASHSEED": "0",  # the same set and dict layouts from run to run
+            # Python runs ~50x slower under valgrind: a storage call must not time out,
+            # and one that fails anyway answers 503, which the status check catches.
+            "BENCH_STORAGE_TIMEOUT": "60", "BENCH_FAILURE_MODE": "closed"}
 
 
 def _shell_line(command: Sequence[str], env: dict[str, str], cwd: Path) -> str:
@@ -341,17 +324,18 @@ def count(app: str, settings: Settings) -> Count:
             if settings.keep is not None:  # for callgrind_annotate
                 settings.keep.mkdir(parents=True, exist_ok=True)
                 for dump in out_dir.glob(f"callgrind.out.{proc.pid}.*"):
-                    shutil.copy(dump, settings.keep / f"{app}.callgrind.out")
+                    shutil.copy(dump, settings.keep / f"{app}.{settings.build}.callgrind.out")
         finally:
             _stop(proc)
             if app in REDIS_APPS and settings.redis_url:
                 _forget(settings.redis_url, env["BENCH_PREFIX"])
-    return Count(app, instructions, settings.requests, dict(statuses), started, warmed,
-                 counted, time.monotonic() - begin, _shell_line(command, env, cwd), origin)
+    return Count(app, settings.build, instructions, settings.requests, dict(statuses),
+                 started, warmed, counted, time.monotonic() - begin,
+                 _shell_line(command, env, cwd), origin)
 
 
 @contextlib.contextmanager
-def _throwaway_redis() -> Iterator[str]:
+def throwaway_redis() -> Iterator[str]:
     """A redis-server of our own on a free port, without persistence; its URL."""
     binary = shutil.which("redis-server")
     if binary is None:
@@ -408,15 +392,16 @@ def _apps(named: Sequence[str], peers: bool, python: str) -> list[str]:
     return [*apps, *(p for p in wanted if p not in apps and p not in absent)]
 
 
-def _check_tools(settings: Settings) -> None:
-    """SystemExit unless valgrind, the build and the server's modules are there."""
+def _check_tools(settings: Settings, builds: Sequence[str]) -> None:
+    """SystemExit unless valgrind, the builds and the server's modules are there."""
     for tool in ("valgrind", "callgrind_control"):
         if shutil.which(tool) is None:
             msg = f"{tool} not found: apt-get install valgrind"
             raise SystemExit(msg)
-    if not (BUILDS[settings.build] / "ratelimit_mw").is_dir():
-        msg = f"{BUILDS[settings.build]} holds no ratelimit_mw: run scripts/compile first"
-        raise SystemExit(msg)
+    for build in builds:
+        if not (BUILDS[build] / "ratelimit_mw").is_dir():
+            msg = f"{BUILDS[build]} holds no ratelimit_mw: run scripts/compile first"
+            raise SystemExit(msg)
     missing = _missing_modules(settings.python, SERVER_MODULES[settings.server])
     if missing:
         msg = (f"{settings.python} cannot import {', '.join(sorted(missing))} for --server "
@@ -424,72 +409,32 @@ def _check_tools(settings: Settings) -> None:
         raise SystemExit(msg)
 
 
-def _number(value: float) -> str:
-    """``value`` rounded, with spaces between thousands, as the benchmarks' READMEs write it."""
-    return f"{value:,.0f}".replace(",", " ")
+def _runs(apps: Sequence[str], builds: Sequence[str]) -> list[tuple[str, str]]:
+    """(app, build) in the order counted: the controls and the peers once (they do not
+    run ratelimit_mw), ratelimit_mw's apps on every build."""
+    ours = [app for app in apps if app in APPS and app not in WITHOUT_RATELIMIT_MW]
+    once = [app for app in apps if app not in ours]
+    return [*((app, builds[0]) for app in once),
+            *((app, build) for build in builds for app in ours)]
 
 
-def table(counts: Sequence[Count]) -> list[str]:
-    """The markdown table: each app's median instructions per request and its ratios."""
-    runs: dict[str, list[float]] = {}
-    for done in counts:
-        runs.setdefault(done.app, []).append(done.per_request)
-    medians = {app: statistics.median(values) for app, values in runs.items()}
-    repeated = any(len(values) > 1 for values in runs.values())
-    header = "| app | instructions/request | headers/app | bare/app |"
-    rule = "|---|---:|---:|---:|"
-    if repeated:
-        header += " runs | spread |"
-        rule += "---|---:|"
-    lines = [header, rule]
-    for app, median in medians.items():
-        line = (f"| {app} | {_number(median)} | {medians['headers'] / median:.3f} | "
-                f"{medians['bare'] / median:.3f} |")
-        if repeated:
-            spread = (max(runs[app]) - min(runs[app])) / median
-            line += f" {' / '.join(_number(v) for v in runs[app])} | {spread:.2%} |"
-        lines.append(line)
-    return lines
-
-
-def report(counts: Sequence[Count], args: argparse.Namespace) -> list[str]:
-    """The commands, where ratelimit_mw came from, any unexpected status, and the table."""
-    lines = [f"# {shlex.join([sys.executable, *sys.argv])}",
-             f"# server ({args.server}), first run: {counts[0].command}",
-             *sorted({f"# {done.origin}" for done in counts}),
-             f"# {args.requests} requests counted per run after {args.warmup} of warm-up, "
-             f"{args.connections} keep-alive connections; {args.repeat} run(s) per app"]
-    for done in counts:
-        expected = 429 if done.app == "denial" else 200
-        if set(done.statuses) - {expected}:
-            lines.append(f"# WARNING: {done.app} answered {done.statuses}")
-    return [*lines, "", *table(counts)]
-
-
-def results(counts: Sequence[Count], args: argparse.Namespace) -> dict[str, object]:
-    """What ``--json`` writes: the settings and each app's median instructions per
-    request."""
-    runs: dict[str, list[float]] = {}
-    for done in counts:
-        runs.setdefault(done.app, []).append(done.per_request)
-    return {"date": time.strftime("%Y-%m-%d"), "build": args.build, "server": args.server,
-            "requests": args.requests, "connections": args.connections,
-            "apps": {app: round(statistics.median(values)) for app, values in runs.items()}}
-
-
-def _progress(done: Count, run: int, repeat: int) -> str:
-    """One line on a finished run: its count, the statuses and how long it took."""
-    statuses = ", ".join(f"{n} answered {status}" for status, n in sorted(done.statuses.items()))
-    return (f"# {done.app} ({run}/{repeat}): {_number(done.per_request)} instructions/request "
-            f"({statuses}); server up {done.started:.1f} s, warm-up {done.warmed:.1f} s, "
-            f"counted {done.counted:.1f} s, run {done.total:.1f} s")
+def _checked(done: Count) -> Count:
+    """``done``, or SystemExit when a response had another status than expected: a
+    failed decision (a 503 with the failure mode closed) must not be counted."""
+    expected = expected_status(done.app)
+    if set(done.statuses) != {expected}:
+        msg = (f"{done.app} [{done.build}] answered {done.statuses}, not only {expected}: "
+               f"not counted")
+        raise SystemExit(msg)
+    return done
 
 
 def main() -> None:
     """Parse the arguments, count every app and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--build", choices=sorted(BUILDS), default="compiled",
-                        help="ratelimit_mw compiled by scripts/compile (default), or its sources")
+    parser.add_argument("--build", choices=[*sorted(BUILDS), "both"], default="both",
+                        help="ratelimit_mw from source and compiled by scripts/compile "
+                             "(both, the default), or one of them")
     parser.add_argument("--server", choices=sorted(SERVER_MODULES), default="httptools",
                         help="httptools + uvloop (default) or h11 + asyncio")
     parser.add_argument("--requests", type=int, default=4000, help="requests counted per app")
@@ -509,21 +454,24 @@ def main() -> None:
     args = parser.parse_args()
     if min(args.requests, args.connections, args.repeat) < 1 or args.warmup < 0:
         parser.error("--requests, --connections and --repeat must be positive")
+    builds = ("source", "compiled") if args.build == "both" else (args.build,)
     apps = _apps(args.apps, args.peers, args.python)
-    settings = Settings(args.build, args.server, args.python, args.requests, args.warmup,
+    settings = Settings(builds[0], args.server, args.python, args.requests, args.warmup,
                         args.connections, args.redis, args.keep)
-    _check_tools(settings)
+    _check_tools(settings, builds)
     with contextlib.ExitStack() as stack:
         if not settings.redis_url and REDIS_APPS.intersection(apps):
-            settings = replace(settings, redis_url=stack.enter_context(_throwaway_redis()))
+            settings = replace(settings, redis_url=stack.enter_context(throwaway_redis()))
         counts: list[Count] = []
         for run in range(1, args.repeat + 1):
-            for app in apps:
-                counts.append(count(app, settings))
-                print(_progress(counts[-1], run, args.repeat), file=sys.stderr, flush=True)
-    print("\n".join(report(counts, args)))
+            for app, build in _runs(apps, builds):
+                counts.append(_checked(count(app, replace(settings, build=build))))
+                print(progress(counts[-1], run, args.repeat), file=sys.stderr, flush=True)
+    print("\n".join(report(counts, args.server, args.requests, args.warmup,
+                           args.connections, args.repeat)))
     if args.json is not None:
-        args.json.write_text(json.dumps(results(counts, args), indent=2) + "\n")
+        args.json.write_text(json.dumps(
+            results(counts, args.server, args.requests, args.connections), indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ Apps (this module is also the uvicorn app module, see ``create_app``):
     bare     Starlette, one plain-text route
     headers  bare, plus four constant X-RateLimit-* headers added by a minimal pure
              ASGI wrapper: the ceiling for any limiter that sends the legacy headers
+    floor    the least a limiter must do beyond that: a fixed-window count per client
+             IP in a dict, its remaining count and reset formatted into the headers
     memory   + the middleware on memory storage, every request admitted
     memory-metrics
              memory, counted by Prometheus metrics (``ratelimit_mw.metrics``)
@@ -51,7 +53,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from redis_count import ClientCommands  # benchmarks/ is on sys.path (script or --app-dir)
 from starlette.applications import Starlette
@@ -60,8 +62,8 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-APPS = ("bare", "headers", "quiet", "memory", "memory-metrics", "redis", "denial", "memory-tier",
-        "redis-tier")
+APPS = ("bare", "headers", "floor", "quiet", "memory", "memory-metrics", "redis", "denial",
+        "memory-tier", "redis-tier")
 PEERS = (  # the other libraries doing the same job, from benchmarks/peer_apps.py
     "limits-memory", "limits-redis", "slowapi-memory", "slowapi-redis",
     "asgi-ratelimit-memory", "asgi-ratelimit-redis", "fastapi-limiter-memory",
@@ -90,13 +92,25 @@ def create_app() -> Starlette:
         return app
     if kind == "headers":
         return _with_constant_headers(app)  # type: ignore[return-value]
+    if kind == "floor":
+        return _with_least_limiter(app)  # type: ignore[return-value]
     redis_url = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/0")
     prefix = os.environ.get("BENCH_PREFIX", "bench:")
-    if kind == "memory":
+    # A generous storage timeout (under full load, or valgrind, the default 50 ms can
+    # pass while the event loop is busy, and the fail-open path would be measured
+    # instead); BENCH_FAILURE_MODE=closed makes any failed decision a 503 to be seen.
+    common: dict[str, Any] = {
+        "storage_prefix": prefix,
+        "storage_timeout": float(os.environ.get("BENCH_STORAGE_TIMEOUT", "2.0")),
+        "failure_mode": os.environ.get("BENCH_FAILURE_MODE", "open"),
+    }
+    if kind in ("memory", "quiet", "redis"):
         app.add_middleware(
             RateLimitMiddleware,
             tiers=[Tier("t", "1000000000/minute")],
-            settings=RateLimitSettings(storage_url="memory://"),
+            settings=RateLimitSettings(
+                storage_url="memory://" if kind != "redis" else redis_url,
+                header_style="none" if kind == "quiet" else "legacy", **common),
         )
     elif kind == "memory-metrics":
         from ratelimit_mw.metrics import PrometheusMetrics
@@ -104,20 +118,8 @@ def create_app() -> Starlette:
         app.add_middleware(
             RateLimitMiddleware,
             tiers=[Tier("t", "1000000000/minute")],
-            settings=RateLimitSettings(storage_url="memory://"),
+            settings=RateLimitSettings(storage_url="memory://", **common),
             metrics=PrometheusMetrics(),
-        )
-    elif kind == "quiet":
-        app.add_middleware(
-            RateLimitMiddleware,
-            tiers=[Tier("t", "1000000000/minute")],
-            settings=RateLimitSettings(storage_url="memory://", header_style="none"),
-        )
-    elif kind == "redis":
-        app.add_middleware(
-            RateLimitMiddleware,
-            tiers=[Tier("t", "1000000000/minute")],
-            settings=RateLimitSettings(storage_url=redis_url, storage_prefix=prefix),
         )
     elif kind in ("memory-tier", "redis-tier"):
         from ratelimit_mw.policy import Limit
@@ -128,23 +130,16 @@ def create_app() -> Starlette:
             Limit(f"{_HUGE}/day", "fixed_window", name="daily"),
         ], concurrency=_HUGE)
         url = "memory://" if kind == "memory-tier" else redis_url
-        # A generous storage timeout: under full load the default 50 ms can pass while
-        # the event loop is busy, and the fail-open path would be measured instead.
         app.add_middleware(
             RateLimitMiddleware,
             tiers=[tier],
-            settings=RateLimitSettings(
-                storage_url=url,
-                storage_prefix=prefix,
-                quota_history=True,
-                storage_timeout=2.0,
-            ),
+            settings=RateLimitSettings(storage_url=url, quota_history=True, **common),
         )
     elif kind == "denial":
         app.add_middleware(
             RateLimitMiddleware,
             tiers=[Tier("t", "1/hour")],
-            settings=RateLimitSettings(storage_url=redis_url, storage_prefix=prefix),
+            settings=RateLimitSettings(storage_url=redis_url, **common),
         )
     elif kind in PEERS:
         from peer_apps import build  # benchmarks/ is uvicorn's --app-dir
@@ -167,6 +162,39 @@ def _with_constant_headers(app: Starlette) -> object:
         if scope["type"] != "http":
             await app(scope, receive, send)
             return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), *headers]
+            await send(message)
+
+        await app(scope, receive, send_with_headers)
+
+    return wrapper
+
+
+def _with_least_limiter(app: Starlette) -> object:
+    """``app`` behind the least a limiter sending the legacy headers must do: key the
+    request by client IP, count it in a fixed window kept in a dict, and format the
+    remaining count and reset time into the four headers. No configuration, no
+    algorithm choice, no failure policy: the floor any limiter's count stands on."""
+    counts: dict[str, tuple[int, int]] = {}
+    limit, window = 1_000_000_000, 60
+
+    async def wrapper(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        key = scope["client"][0]
+        now = int(time.time())
+        start = now - now % window
+        began, used = counts.get(key, (start, 0))
+        used = used + 1 if began == start else 1
+        counts[key] = (start, used)
+        headers = [(b"x-ratelimit-limit", b"1000000000"),
+                   (b"x-ratelimit-remaining", b"%d" % (limit - used)),
+                   (b"x-ratelimit-reset", b"%d" % (start + window)),
+                   (b"x-ratelimit-policy", b'1000000000;w=60;comment="per minute"')]
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -315,7 +343,7 @@ def measure(kind: str, redis_url: str, seconds: float, connections: int, python:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-        if kind not in ("bare", "headers", "memory", "quiet", "memory-tier"):
+        if kind not in ("bare", "headers", "floor", "memory", "quiet", "memory-tier"):
             _forget(redis_url, prefix)
 
 

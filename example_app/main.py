@@ -21,6 +21,7 @@ overrides at run time.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import random
@@ -148,6 +149,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     except StorageError as exc:
         logging.getLogger("ratelimit_mw").warning(
             "example app: couldn't store demo-enterprise's override: %s", exc)
+    # What start-up built stays for good: out of the garbage collector's view, a full
+    # collection need not walk it (see docs/deployment.md, "Many keys in memory").
+    gc.collect()
+    gc.freeze()
     yield
     await idempotency_store.close()
     if metrics is not None:

@@ -29,24 +29,48 @@ __all__ = ["MemoryStorage"]
 
 _SWEEP = 4  # expired identities reclaimed per insert, from the least recently used end
 _new = tuple.__new__
-_NO_CELLS: dict[tuple[str, str], tuple[Any, int]] = {}
 _HOUR_US, _DAY_US = 3_600_000_000, 86_400_000_000
-
-
 _TIME = time.time  # the wall clock as imported (a clock patched in later is honoured)
+_EMPTY: tuple[Any, ...] = (0, None, None)
+"""The entry of an identity with nothing kept yet."""
+
+Entry = tuple[Any, ...]
+"""One identity, flat: when the last of its state expires (µs), its admitted requests
+per hour and per day since the epoch (usage history; None when not counted), then its
+counters in threes: ``(expires, hours, days, slot, state, expires, slot, state, …)``.
+
+Tuples of numbers and strings (and dicts of ints): the garbage collector stops tracking
+such a tuple once a collection finds everything in it untracked, and a collection
+reaches the outer tuple before the state inside it, so an entry two tuples deep is
+untracked by the time it reaches the oldest generation (three deep, it would not be).
+A million identities then add no objects to a full collection, only the one dict that
+holds them, which ``gc.freeze()`` after start-up takes out of the collector's view too
+(see docs/deployment.md)."""
+_FIRST_CELL = 3
 
 
-class _Entry:
-    """All the counters of one identity, and when the last of them expires."""
+def _find(entry: Entry, slot: tuple[str, str]) -> int:
+    """The index of ``slot`` in ``entry``, or -1."""
+    size = len(entry)
+    if size > _FIRST_CELL and entry[_FIRST_CELL] == slot:  # most identities have one
+        return _FIRST_CELL
+    for i in range(_FIRST_CELL + 3, size, 3):
+        if entry[i] == slot:
+            return i
+    return -1
 
-    __slots__ = ("cells", "days", "expires", "hours")
 
-    def __init__(self) -> None:
-        self.cells: dict[tuple[str, str], tuple[Any, int]] = {}
-        self.expires = 0
-        # Usage history: admitted requests per hour and per day (since the epoch).
-        self.hours: dict[int, int] | None = None
-        self.days: dict[int, int] | None = None
+def _with_cell(entry: Entry, i: int, slot: tuple[str, str], state: Any,
+               expires: int) -> Entry:
+    """``entry`` with ``slot`` (at index ``i``, -1: none yet) holding ``state`` until
+    ``expires`` (the entry's own expiry pushed back to it if need be)."""
+    whole = entry[0] if entry[0] > expires else expires
+    size = len(entry)
+    if (i < 0 and size == _FIRST_CELL) or (i == _FIRST_CELL and size == _FIRST_CELL + 3):
+        return (whole, entry[1], entry[2], slot, state, expires)
+    if i < 0:
+        return (whole, *entry[1:], slot, state, expires)
+    return (whole, *entry[1:i], slot, state, expires, *entry[i + 3:])
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -79,7 +103,7 @@ class MemoryStorage(Storage):
         self.max_keys = max_keys
         self.retention = UsageRetention(*usage_retention).check()
         self._clock = None if clock is _TIME else clock
-        self._keys: OrderedDict[str, _Entry] = OrderedDict()
+        self._keys: OrderedDict[str, Entry] = OrderedDict()
         self._leases = itertools.count(1)
 
     def _now(self) -> int:
@@ -107,88 +131,106 @@ class MemoryStorage(Storage):
         entry = keys.get(key)
         if entry is not None:
             keys.move_to_end(key)
-            cells = entry.cells
-        else:
-            cells = _NO_CELLS
         if len(hits) == 1:
-            return self._decide_one(key, entry, cells, hits[0], now, usage)
+            return self._decide_one(key, entry, hits[0], now, usage)
         hits = merge_hits(hits)
+        # The identity's cells as a list, and where each slot's three are in it: read
+        # for every hit, updated in place, made one tuple at the end.
+        cells = list(entry[_FIRST_CELL:]) if entry is not None else []
+        where = dict(zip(cells[0::3], range(0, len(cells), 3)))  # noqa: B905 - equal
         steps = []
         allowed = True
         for hit in hits:
-            limit = hit.limit
-            cell = cells.get(hit.slot)
-            step = run(limit, cell[0] if cell is not None and cell[1] > now else None, now,
-                       hit.cost)
+            i = where.get(hit.slot, -1)
+            step = run(hit.limit, cells[i + 1] if i >= 0 and cells[i + 2] > now else None,
+                       now, hit.cost)
             steps.append(step)
             if not step[0]:
                 allowed = False
         leases: tuple[Lease, ...] = ()
         if allowed:
+            expires = entry[0] if entry is not None else 0
+            charged = False
             for hit, step in zip(hits, steps):  # noqa: B905 - one step per hit
                 if hit.cost:
-                    entry, lease = self._take(key, entry, hit, step[4], step[2], now)
+                    state, lease = self._leased(key, hit, step[4], now)
+                    ends = now + step[2]
+                    i = where.get(hit.slot, -1)
+                    if i < 0:
+                        where[hit.slot] = len(cells)
+                        cells += (hit.slot, state, ends)
+                    else:
+                        cells[i + 1], cells[i + 2] = state, ends
+                    expires = max(expires, ends)
+                    charged = True
                     if lease is not None:
                         leases = (*leases, lease)
-            if usage:
-                if entry is None:
-                    entry = self._insert(key, now)
-                self._count(entry, now, usage)
+            if charged or usage:
+                hours, days = (entry[1], entry[2]) if entry is not None else (None, None)
+                self._store(key, entry, (expires, hours, days, *cells), usage, now)
         elif len(hits) > 1:
             # Report what the admitted limits look like without this request's cost.
             for i, hit in enumerate(hits):
                 if steps[i][0] and hit.cost:
-                    limit = hit.limit
-                    cell = cells.get(hit.slot)
-                    steps[i] = run(
-                        limit, cell[0] if cell is not None and cell[1] > now else None, now, 0)
+                    j = where.get(hit.slot, -1)
+                    steps[i] = run(hit.limit,
+                                   cells[j + 1] if j >= 0 and cells[j + 2] > now else None,
+                                   now, 0)
         # tuple.__new__ skips the named tuple's Python-level __new__: this runs per request.
         return _new(Verdict, (allowed, tuple([
             decision_from(hit, step[0], step[1], step[2], step[3])
             for hit, step in zip(hits, steps)]), leases, now / 1_000_000))  # noqa: B905
 
-    def _decide_one(self, key: str, entry: _Entry | None, cells: dict[tuple[str, str], Any],
-                    hit: Hit, now: int, usage: int) -> Verdict:
+    def _decide_one(self, key: str, entry: Entry | None, hit: Hit, now: int,
+                    usage: int) -> Verdict:
         """``decide_now`` for a single hit: the same steps, without the loops."""
-        limit = hit.limit
-        cell = cells.get(hit.slot)
+        slot = hit.slot
+        kept = entry if entry is not None else _EMPTY
+        i = _find(kept, slot)
         allowed, remaining, reset, retry, state = run(
-            limit, cell[0] if cell is not None and cell[1] > now else None, now, hit.cost)
+            hit.limit, kept[i + 1] if i >= 0 and kept[i + 2] > now else None, now, hit.cost)
         leases: tuple[Lease, ...] = ()
-        if allowed:
+        if allowed and (hit.cost or usage):
             if hit.cost:
-                entry, lease = self._take(key, entry, hit, state, reset, now)
+                state, lease = self._leased(key, hit, state, now)
+                kept = _with_cell(kept, i, slot, state, now + reset)
                 if lease is not None:
                     leases = (lease,)
-            if usage:
-                if entry is None:
-                    entry = self._insert(key, now)
-                self._count(entry, now, usage)
+            self._store(key, entry, kept, usage, now)
         return _new(Verdict, (allowed, (decision_from(hit, allowed, remaining, reset, retry),),
                               leases, now / 1_000_000))
 
-    def _take(self, key: str, entry: _Entry | None, hit: Hit, state: Any, reset: int,
-              now: int) -> tuple[_Entry, Lease | None]:
-        """Keep an admitted hit's new state until it resets (with the slot it took, for
-        a concurrency limit); the identity's entry, created if new, and the lease."""
-        if entry is None:
-            entry = self._insert(key, now)
-        lease = None
+    def _leased(self, key: str, hit: Hit, state: Any, now: int) -> tuple[Any, Lease | None]:
+        """An admitted hit's state as kept, and the slot it took (for a concurrency
+        limit; else None)."""
         limit = hit.limit
-        if limit.is_concurrency:
-            lease = _new(Lease, (key, hit.scope, limit.uid, str(next(self._leases))))
-            state = with_lease(state, now, limit.period_us, lease.id)
-        expires = now + reset
-        entry.cells[hit.slot] = (state, expires)
-        if expires > entry.expires:
-            entry.expires = expires
-        return entry, lease
+        if not limit.is_concurrency:
+            return state, None
+        lease = _new(Lease, (key, hit.scope, limit.uid, str(next(self._leases))))
+        return with_lease(state, now, limit.period_us, lease.id), lease
 
-    def _count(self, entry: _Entry, now: int, units: int) -> None:
-        """Add an admitted request's ``units`` to the hour and day buckets of ``now``."""
-        hours, days = entry.hours, entry.days
-        if hours is None or days is None:
-            hours, days = entry.hours, entry.days = {}, {}
+    def _store(self, key: str, old: Entry | None, entry: Entry, usage: int, now: int) -> None:
+        """Keep an identity's new ``entry`` (``old`` if it had one), with ``usage`` units
+        of an admitted request added to its history."""
+        keys = self._keys
+        if old is None:
+            self._reclaim(now)
+        if usage:
+            hours, days = entry[1], entry[2]
+            if hours is None or days is None:
+                hours, days = {}, {}
+            kept = self._count(hours, days, now, usage)
+            if kept > entry[0] or hours is not entry[1]:
+                entry = (entry[0] if entry[0] > kept else kept, hours, days,
+                         *entry[_FIRST_CELL:])
+        keys[key] = entry
+        if old is None and len(keys) > self.max_keys:
+            keys.popitem(last=False)
+
+    def _count(self, hours: dict[int, int], days: dict[int, int], now: int,
+               units: int) -> int:
+        """Add an admitted request's ``units`` to the hour and day buckets of ``now``;
+        until when the history is kept."""
         hour, day = now // _HOUR_US, now // _DAY_US
         hours[hour] = hours.get(hour, 0) + units
         days[day] = days.get(day, 0) + units
@@ -196,17 +238,8 @@ class MemoryStorage(Storage):
         _forget_before(days, day - self.retention.days, self.retention.days)
         # Usage outlives the counters: keep the identity as long as its history (the
         # hourly buckets' retention may be the longer one).
-        kept = max((day + self.retention.days) * _DAY_US,
+        return max((day + self.retention.days) * _DAY_US,
                    (hour + self.retention.hours) * _HOUR_US)
-        if kept > entry.expires:
-            entry.expires = kept
-
-    def _insert(self, key: str, now: int) -> _Entry:
-        self._reclaim(now)
-        entry = self._keys[key] = _Entry()
-        if len(self._keys) > self.max_keys:
-            self._keys.popitem(last=False)
-        return entry
 
     def _reclaim(self, now: int) -> None:
         """Drop a few expired identities from the least recently used end."""
@@ -215,7 +248,7 @@ class MemoryStorage(Storage):
             if not keys:
                 return
             oldest = next(iter(keys))
-            if keys[oldest].expires > now:
+            if keys[oldest][0] > now:
                 return
             del keys[oldest]
 
@@ -232,26 +265,32 @@ class MemoryStorage(Storage):
 
     async def renew(self, leases: Sequence[Lease], period_us: int) -> None:
         now = self._now()
+        keys = self._keys
         for lease in leases:
-            entry = self._keys.get(lease.key)
-            slot = (lease.scope, lease.uid)
-            cell = entry.cells.get(slot) if entry is not None else None
-            if entry is None or cell is None or cell[1] <= now:
+            entry = keys.get(lease.key)
+            if entry is None:
                 continue
-            self._keys.move_to_end(lease.key)  # in use: the last identity to evict
-            state = renewed(cell[0], now, period_us, lease.id)
-            if state is not cell[0]:
-                expires = max(cell[1], now + period_us)
-                entry.cells[slot] = (state, expires)
-                if expires > entry.expires:
-                    entry.expires = expires
+            slot = (lease.scope, lease.uid)
+            i = _find(entry, slot)
+            if i < 0 or entry[i + 2] <= now:
+                continue
+            keys.move_to_end(lease.key)  # in use: the last identity to evict
+            state = renewed(entry[i + 1], now, period_us, lease.id)
+            if state is not entry[i + 1]:
+                expires = max(entry[i + 2], now + period_us)
+                keys[lease.key] = _with_cell(entry, i, slot, state, expires)
 
     def _release(self, leases: Sequence[Lease]) -> None:
+        keys = self._keys
         for lease in leases:
-            entry = self._keys.get(lease.key)
-            cell = entry.cells.get((lease.scope, lease.uid)) if entry is not None else None
-            if entry is not None and cell is not None:
-                entry.cells[(lease.scope, lease.uid)] = (without_lease(cell[0], lease.id), cell[1])
+            entry = keys.get(lease.key)
+            if entry is None:
+                continue
+            slot = (lease.scope, lease.uid)
+            i = _find(entry, slot)
+            if i >= 0:
+                state = without_lease(entry[i + 1], lease.id)
+                keys[lease.key] = _with_cell(entry, i, slot, state, entry[i + 2])
 
     async def usage(
         self, key: str, granularity: Granularity, start: float, end: float,
@@ -261,7 +300,7 @@ class MemoryStorage(Storage):
         entry = self._keys.get(key)
         counts: dict[int, int] | None = None
         if entry is not None:
-            counts = entry.hours if granularity == "hour" else entry.days
+            counts = entry[1] if granularity == "hour" else entry[2]
         if counts is None:
             counts = {}
         size = BUCKET_SECONDS[granularity]

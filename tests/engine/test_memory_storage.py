@@ -85,9 +85,9 @@ async def test_usage_history_stays_within_its_retention() -> None:
     for hour in range(24 * 20):
         clock.now = start + hour * 3600
         await storage.decide("k", [], usage=True)
-    entry = storage._keys["k"]
-    assert entry.hours is not None and entry.days is not None
-    assert len(entry.hours) <= 5 and len(entry.days) <= 3
+    _, hours, days, *_ = storage._keys["k"]
+    assert hours is not None and days is not None
+    assert len(hours) <= 5 and len(days) <= 3
     newest = int(clock.now) - int(clock.now) % 3600
     assert (await storage.usage("k", "hour", newest, newest))[0] == (newest, 1)
     today = int(clock.now) - int(clock.now) % 86400
