@@ -43,6 +43,7 @@ __all__ = [
     "redis_cluster_url",
     "redis_sentinel",
     "redis_sentinel_url",
+    "redis_server_binary",
     "storage_factory",
 ]
 
@@ -161,7 +162,8 @@ class RedisProcess:
             return False
 
 
-def _server() -> str:
+def redis_server_binary() -> str:
+    """The path of redis-server, or StartupError."""
     server = shutil.which("redis-server")
     if server is None:
         msg = "redis-server is not installed"
@@ -182,7 +184,7 @@ class ClusterDeployment:
     """Three primaries, no replicas, the 16384 slots split evenly between them."""
 
     def __init__(self, workdir: Path) -> None:
-        server = _server()
+        server = redis_server_binary()
         self.workdir = workdir
         self.nodes = [
             RedisProcess(f"cluster node {i}", self._dir(f"node{i}"), cluster_node(server))
@@ -290,7 +292,7 @@ class SentinelDeployment:
     """A primary, one replica and three sentinels (quorum 2) watching ``mymaster``."""
 
     def __init__(self, workdir: Path) -> None:
-        server = _server()
+        server = redis_server_binary()
         self.workdir = workdir
         for name in ("primary", "replica", "sentinel0", "sentinel1", "sentinel2"):
             (workdir / name).mkdir()
@@ -362,7 +364,7 @@ def own_redis(name: str = "redis") -> Iterator[RedisProcess]:
     workdir = Path(tempfile.mkdtemp(prefix="ratelimit-redis-"))
     process = None
     try:
-        process = RedisProcess(name, workdir, _data_node(_server(), None))
+        process = RedisProcess(name, workdir, _data_node(redis_server_binary(), None))
         process.start()
         yield process
     finally:

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
-from contextvars import ContextVar
-from types import TracebackType
-from typing import Any, Final, ParamSpec, TypeVar
+from collections.abc import Callable
+from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
 
@@ -17,9 +13,6 @@ from ._windows import CountWindow, TimeWindow
 
 __all__ = ["BreakerCore", "Permit"]
 
-P = ParamSpec("P")
-R = TypeVar("R")
-
 # The states as module constants: compiled, reading one is a load, where each
 # ``CircuitState.CLOSED`` would be an attribute lookup through the enum's metaclass.
 _CLOSED: Final = CircuitState.CLOSED
@@ -27,12 +20,6 @@ _OPEN: Final = CircuitState.OPEN
 _HALF_OPEN: Final = CircuitState.HALF_OPEN
 
 _log = logging.getLogger("ratelimit_mw.breaker")
-
-# Permits taken by ``async with breaker:``, innermost last, per task.
-_ENTERED: ContextVar[tuple[tuple[BreakerCore, Permit], ...]] = ContextVar(
-    "ratelimit_mw_breaker_entered", default=()
-)
-
 
 class Permit:
     """Leave for one call through a breaker; report how the call went exactly once.
@@ -226,61 +213,6 @@ class BreakerCore:
     def reset(self) -> None:
         """Close the breaker with an empty window, whatever its state."""
         self._transition(_CLOSED, self._clock(), "reset")
-
-    # -- the wrapping API ---------------------------------------------------------------
-
-    async def call(self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        """Await ``fn(*args, **kwargs)`` through the breaker; `CircuitOpenError` if refused."""
-        permit = self.acquire()
-        try:
-            awaitable = fn(*args, **kwargs)
-            if not inspect.isawaitable(awaitable):
-                permit.release()  # a programming error, not a failure of the dependency
-                msg = f"{fn!r} returned {awaitable!r}; the breaker guards async calls only"
-                raise TypeError(msg)
-            result = await awaitable
-            permit.record_result(result)
-        except BaseException as exc:
-            permit.record_exception(exc)  # a no-op if the permit was already released
-            raise
-        return result
-
-    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
-        """Decorate an async function so that every call goes through the breaker."""
-        if not inspect.iscoroutinefunction(fn):
-            msg = f"@{type(self).__name__} decorates async functions, got {fn!r}"
-            raise TypeError(msg)
-
-        @functools.wraps(fn)
-        async def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
-            return await self.call(fn, *args, **kwargs)
-
-        return guarded
-
-    async def __aenter__(self) -> Permit:
-        permit = self.acquire()
-        _ENTERED.set((*_ENTERED.get(), (self, permit)))
-        return permit
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        entered = _ENTERED.get()
-        for index in range(len(entered) - 1, -1, -1):
-            if entered[index][0] is self:
-                permit = entered[index][1]
-                _ENTERED.set(entered[:index] + entered[index + 1 :])
-                break
-        else:
-            msg = f"{self!r} exited without being entered in this task"
-            raise RuntimeError(msg)
-        if exc is None:
-            permit.record_success()  # a no-op if the body already recorded through the permit
-        else:
-            permit.record_exception(exc)
 
     # -- bookkeeping --------------------------------------------------------------------
 

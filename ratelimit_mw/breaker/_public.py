@@ -1,16 +1,29 @@
-"""The public circuit breaker: its arguments checked, on the compiled state machine."""
+"""The public circuit breaker: its arguments checked, on the compiled state machine, and
+the ways to wrap a call in it (``call``, the decorator, ``async with``)."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import time
-from collections.abc import Callable
-from typing import Any, Literal
+from collections.abc import Awaitable, Callable, Coroutine
+from contextvars import ContextVar
+from types import TracebackType
+from typing import Any, Literal, ParamSpec, TypeVar
 
-from ._breaker import BreakerCore
+from ._breaker import BreakerCore, Permit
 from ._state import CircuitState
 
 __all__ = ["CircuitBreaker"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# Permits taken by ``async with breaker:``, innermost last, per task.
+_ENTERED: ContextVar[tuple[tuple[CircuitBreaker, Permit], ...]] = ContextVar(
+    "ratelimit_mw_breaker_entered", default=()
+)
 
 
 def _check_number(name: str, value: object, *, low: float, high: float = math.inf) -> float:
@@ -202,3 +215,58 @@ class CircuitBreaker(BreakerCore):
             on_state_change,
             clock,
         )
+
+    # -- the wrapping API ---------------------------------------------------------------
+
+    async def call(self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Await ``fn(*args, **kwargs)`` through the breaker; `CircuitOpenError` if refused."""
+        permit = self.acquire()
+        try:
+            awaitable = fn(*args, **kwargs)
+            if not inspect.isawaitable(awaitable):
+                permit.release()  # a programming error, not a failure of the dependency
+                msg = f"{fn!r} returned {awaitable!r}; the breaker guards async calls only"
+                raise TypeError(msg)
+            result = await awaitable
+            permit.record_result(result)
+        except BaseException as exc:
+            permit.record_exception(exc)  # a no-op if the permit was already released
+            raise
+        return result
+
+    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+        """Decorate an async function so that every call goes through the breaker."""
+        if not inspect.iscoroutinefunction(fn):
+            msg = f"@{type(self).__name__} decorates async functions, got {fn!r}"
+            raise TypeError(msg)
+
+        @functools.wraps(fn)
+        async def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+            return await self.call(fn, *args, **kwargs)
+
+        return guarded
+
+    async def __aenter__(self) -> Permit:
+        permit = self.acquire()
+        _ENTERED.set((*_ENTERED.get(), (self, permit)))
+        return permit
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        entered = _ENTERED.get()
+        for index in range(len(entered) - 1, -1, -1):
+            if entered[index][0] is self:
+                permit = entered[index][1]
+                _ENTERED.set(entered[:index] + entered[index + 1 :])
+                break
+        else:
+            msg = f"{self!r} exited without being entered in this task"
+            raise RuntimeError(msg)
+        if exc is None:
+            permit.record_success()  # a no-op if the body already recorded through the permit
+        else:
+            permit.record_exception(exc)

@@ -9,7 +9,6 @@ import inspect
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
 
 import anyio
 from starlette.responses import JSONResponse
@@ -25,6 +24,7 @@ from ..responses import error_response
 from .fingerprint import fingerprint, record_key
 from .header import InvalidKeyError, parse_idempotency_key
 from .memory import MemoryIdempotencyStore
+from .messages import BodyTooLargeError, adding_header, read_body, replay, replaying
 from .store import IdempotencyStore, StoredResponse
 
 __all__ = ["IdempotencyMiddleware", "IdentityFunc"]
@@ -33,17 +33,12 @@ IdentityFunc = Callable[[Scope], "str | Awaitable[str | None] | None"]
 
 _log = logging.getLogger("ratelimit_mw.idempotency")
 _MiB = 1024 * 1024
-_REPLAYED = (b"x-idempotent-replayed", b"true")
 # "Try again later" answers (timeout, too early, too many requests) are never kept:
 # kept, they would answer the retry they invite for the whole ttl.
 _RETRY_LATER = frozenset({408, 425, 429})
 # Seconds between attempts to store a finished response: the work is done, and a store
 # that hiccups must not make a retry do it again.
 _STORE_RETRY_DELAYS = (0.05, 0.25)
-
-
-class _BodyTooLargeError(Exception):
-    """The request body is over ``max_request_size``."""
 
 
 def _answer(status: int, error: str, message: str, **headers: str) -> JSONResponse:
@@ -214,7 +209,7 @@ class IdempotencyMiddleware:
             return
         # Every answer to a keyed request carries the key back, as the client sent it.
         echo = (b"idempotency-key", values[0].strip(" \t").encode("latin-1"))
-        await self._keyed(scope, receive, _adding_header(send, echo), record_key(owner, key))
+        await self._keyed(scope, receive, adding_header(send, echo), record_key(owner, key))
 
     async def _owner(self, scope: Scope) -> str | None:
         """Whose records this request may share (None: no idempotency for it)."""
@@ -234,8 +229,8 @@ class IdempotencyMiddleware:
     async def _keyed(self, scope: Scope, receive: Receive, send: Send, record: str) -> None:
         """Handle a request that carries a valid key, kept under ``record``."""
         try:
-            body = await self._read_body(scope, receive)
-        except _BodyTooLargeError:
+            body = await read_body(scope, receive, self.max_request_size)
+        except BodyTooLargeError:
             message = (
                 f"a request with an Idempotency-Key may carry at most "
                 f"{self.max_request_size} body bytes"
@@ -244,7 +239,7 @@ class IdempotencyMiddleware:
             return
         if body is None:
             return  # the client left before sending its body: nothing was claimed
-        receive = _replaying(body, receive)
+        receive = replaying(body, receive)
 
         fp = fingerprint(scope["method"], scope["path"], scope.get("query_string", b""), body)
         try:
@@ -273,29 +268,9 @@ class IdempotencyMiddleware:
             await response(scope, receive, send)
         elif claim.response is not None:
             self._metrics.idempotency("replay")
-            await _replay(claim.response, send)
+            await replay(claim.response, send)
         else:
             await self._run(scope, receive, send, record, fp, claim.token)
-
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
-        """The whole request body; None if the client disconnected first."""
-        limit = self.max_request_size
-        for name, value in scope["headers"]:
-            if name == b"content-length" and value.strip().isdigit() and int(value) > limit:
-                raise _BodyTooLargeError
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise _BodyTooLargeError
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
 
     async def _run(
         self, scope: Scope, receive: Receive, send: Send, record: str, fp: str, token: str
@@ -376,34 +351,3 @@ class IdempotencyMiddleware:
             # The lease expires by itself after lock_ttl.
             self._metrics.idempotency("store_failure")
             _log.error("could not release an idempotency key: %s", exc)
-
-
-def _adding_header(send: Send, header: tuple[bytes, bytes]) -> Send:
-    """A send that adds ``header`` to the response (the stored one stays without it)."""
-    async def adding(message: Message) -> None:
-        if message["type"] == "http.response.start":
-            message = {**message, "headers": [*message.get("headers", ()), header]}
-        await send(message)
-
-    return adding
-
-
-def _replaying(body: bytes, receive: Receive) -> Receive:
-    """A receive that hands the buffered body to the app, then defers to the server."""
-    pending = True
-
-    async def replay() -> Message:
-        nonlocal pending
-        if pending:
-            pending = False
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
-
-
-async def _replay(response: StoredResponse, send: Send) -> None:
-    """Send a stored response again, marked as replayed."""
-    headers: list[Any] = [*response.headers, _REPLAYED]
-    await send({"type": "http.response.start", "status": response.status, "headers": headers})
-    await send({"type": "http.response.body", "body": response.body, "more_body": False})

@@ -13,9 +13,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Any
 
-from redis import exceptions as redis_errors
-
 from ..errors import ConfigError, StorageError
+from ..storage.faults import REDIS_FAILURES
 from ..storage.keys import check_prefix
 from ..storage.urls import redacted
 from .model import Override
@@ -23,8 +22,6 @@ from .model import Override
 __all__ = ["MemoryOverrideStore", "OverrideStore", "RedisOverrideStore", "override_store_from_url"]
 
 _log = logging.getLogger("ratelimit_mw")
-_FAILURES = (redis_errors.RedisError, redis_errors.RedisClusterException, OSError,
-             TimeoutError)
 
 
 class OverrideStore(ABC):
@@ -147,7 +144,7 @@ class RedisOverrideStore(OverrideStore):
                 pipe.hgetall(self.hash)
                 pipe.get(self.version_key)
                 stored, version = await pipe.execute()
-        except _FAILURES as exc:
+        except REDIS_FAILURES as exc:
             raise _storage_error("read", exc) from exc
         items = [_decoded(value) for value in stored.values()]
         return int(version or 0), [item for item in items if item is not None]
@@ -155,7 +152,7 @@ class RedisOverrideStore(OverrideStore):
     async def version(self) -> int:
         try:
             return int(await self.client.get(self.version_key) or 0)
-        except _FAILURES as exc:
+        except REDIS_FAILURES as exc:
             raise _storage_error("read", exc) from exc
 
     async def set(self, override: Override) -> Override | None:
@@ -176,7 +173,7 @@ class RedisOverrideStore(OverrideStore):
                 before, _, version = await pipe.execute()
             if self.channel is not None:
                 await self.client.publish(self.channel, str(version))
-        except _FAILURES as exc:
+        except REDIS_FAILURES as exc:
             raise _storage_error("write", exc) from exc
         return _decoded(before)
 
@@ -188,7 +185,7 @@ class RedisOverrideStore(OverrideStore):
             return
         try:
             await self.client.publish(self.channel, message)
-        except _FAILURES as exc:
+        except REDIS_FAILURES as exc:
             raise _storage_error("announce a change of", exc) from exc
 
     async def close(self) -> None:

@@ -14,7 +14,15 @@ from collections.abc import Iterator
 
 from redis import exceptions as redis_errors
 
-__all__ = ["FailureCause", "failure_cause", "misconfiguration"]
+__all__ = ["CONNECTION_LOST", "REDIS_FAILURES", "FailureCause", "cause", "failure_cause",
+           "misconfiguration"]
+
+# What a Redis call may raise when the storage fails; RedisClusterException (no
+# topology, slot not covered) is not a RedisError.
+REDIS_FAILURES = (redis_errors.RedisError, redis_errors.RedisClusterException, OSError,
+                  TimeoutError)
+# Failures after which the next decisions wait for a new connection (see connect_timeout).
+CONNECTION_LOST = (redis_errors.ConnectionError, ConnectionError, redis_errors.ClusterDownError)
 
 # Error replies (by their first word) that waiting will not change.
 _FATAL_REPLIES = {
@@ -72,3 +80,8 @@ def failure_cause(exc: BaseException) -> FailureCause:
         if isinstance(error, redis_errors.ConnectionError | ConnectionError | OSError):
             return "connection"
     return "error"
+
+
+def cause(exc: BaseException) -> str:
+    """What went wrong, for a message (a timeout's own text is empty)."""
+    return str(exc) or type(exc).__name__

@@ -8,7 +8,8 @@ from urllib.parse import quote_from_bytes
 
 from ..errors import ConfigError
 
-__all__ = ["check_prefix", "counter_suffix", "encode_part", "identity_tag", "redis_key"]
+__all__ = ["check_prefix", "counter_suffix", "encode_part", "glob_escape", "identity_tag",
+           "redis_key"]
 
 _MAX_PLAIN = 128
 
@@ -55,3 +56,7 @@ def check_prefix(prefix: str) -> str:
         msg = f"key prefix {prefix!r} must be a string without '{{' or '}}'"
         raise ConfigError(msg)
     return prefix
+
+def glob_escape(text: str) -> str:
+    """Escape the characters that SCAN MATCH treats as a pattern."""
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)

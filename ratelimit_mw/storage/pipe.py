@@ -21,186 +21,17 @@ import contextlib
 import math
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
-import hiredis
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 
-__all__ = ["Pipeline", "Queued", "Slots"]
+from .inflight import Batch, Kind, Pipe, Queued, Slots, fail, forget, live
 
-Kind = Literal["decide", "release"]
-Slots = tuple[str, tuple[tuple[str, str], ...], str]
-"""The concurrency slots a decision may take: its identity, ``(scope, uid)`` of each
-slot, and the lease id."""
-Queued = tuple[Kind, bytes, "asyncio.Future[Any]", float, Slots | None]
-"""A packed command waiting for the next flush, the future of its reply, when its
-caller stops waiting (loop time; inf: never), and the slots a decision may take."""
-
-
-class _Batch:
-    """The commands of one flush, from the flush until their last reply (or failure).
-
-    Its callers fail at their deadlines (``check``, called by the pipeline's one
-    timer); past the last deadline it allows a grace period (ten times the wait, at
-    least a second) for the replies, then the connection is cut off rather than waited
-    on any longer.
-    """
-
-    __slots__ = ("done", "due", "entries", "grace", "left", "pipe")
-
-    def __init__(self, entries: list[Queued], now: float) -> None:
-        self.entries = entries
-        self.left = 0  # replies still to come
-        self.done = False
-        self.pipe: _Pipe | None = None  # the connection it was written on
-        first = last = math.inf
-        for entry in entries:
-            deadline = entry[3]
-            if deadline < first:
-                first = deadline
-            if deadline != math.inf and (last == math.inf or deadline > last):
-                last = deadline
-        self.due = first
-        """When ``check`` should next run (inf: never)."""
-        # An entry without a deadline does not spare the others' connection a cut-off.
-        self.grace = math.inf if last == math.inf else last + max(1.0, 10 * (last - now))
-
-    def check(self, now: float) -> float:
-        """Fail the callers whose deadline has passed; the time to look again (-inf: the
-        grace period is over, cut the connection off)."""
-        if now >= self.grace:
-            return -math.inf
-        due = math.inf
-        for _, _, future, deadline, _ in self.entries:
-            if future.done():
-                continue
-            if deadline <= now:
-                future.set_exception(TimeoutError("redis did not answer within the timeout"))
-            elif deadline < due:
-                due = deadline
-        self.due = due if due != math.inf else self.grace
-        return self.due
-
-    def answered(self) -> None:
-        """One reply in; with the last, the batch is done."""
-        self.left -= 1
-        if self.left <= 0:
-            self.done = True
-
+__all__ = ["Kind", "Pipeline", "Queued", "Slots"]
 
 _MOST_DOUBTFUL = 10_000  # slots kept to give back after a lost connection; more lapse
-_NO_REPLY = object()  # what the reader gives while a reply is incomplete (RESP3 has false)
-
-
-class _Pipe:
-    """The connection's protocol (an ``asyncio.Protocol`` by its methods) once it is set
-    up: replies go to the commands written on it, oldest first."""
-
-    __slots__ = ("_owner", "_reader", "closed", "connection", "gone", "load_error", "loading",
-                 "transport", "waiting")
-
-    def __init__(self, owner: Pipeline, connection: AbstractConnection,
-                 transport: asyncio.WriteTransport) -> None:
-        self._owner = owner
-        self.connection = connection
-        self.transport = transport
-        self._reader = hiredis.Reader(replyError=redis_errors.ResponseError,
-                                      notEnoughData=_NO_REPLY)
-        self.closed = False
-        # Done when the transport has let go of its socket (for TLS, after the
-        # close_notify exchange, which outlives close()).
-        self.gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.loading = False  # a SCRIPT LOAD written and not yet answered
-        self.load_error: Exception | None = None  # why the last SCRIPT LOAD failed
-        # (batch, entry, sent again after NOSCRIPT) of each command written and not yet
-        # answered; batch and entry None for the SCRIPT LOAD written after a NOSCRIPT.
-        self.waiting: deque[tuple[_Batch | None, Queued | None, bool]] = deque()
-
-    def write(self, batch: _Batch, entries: list[Queued]) -> None:
-        """Send ``entries`` (of ``batch``) in one write."""
-        if not entries:
-            batch.done = True
-            return
-        batch.pipe = self
-        waiting = self.waiting
-        for entry in entries:
-            waiting.append((batch, entry, False))
-        batch.left += len(entries)
-        self.transport.write(b"".join([entry[1] for entry in entries]))
-
-    def reload(self, script: bytes, batch: _Batch, entry: Queued) -> None:
-        """After NOSCRIPT (a restarted or flushed Redis): load the script, once for all
-        the commands written before the load, and send ``entry`` again (only once)."""
-        if not self.loading:
-            self.loading = True
-            self.waiting.append((None, None, False))
-            self.transport.write(script)
-        self.waiting.append((batch, entry, True))
-        self.transport.write(entry[1])
-
-    def data_received(self, data: bytes) -> None:
-        reader = self._reader
-        reader.feed(data)
-        waiting = self.waiting
-        owner = self._owner
-        try:
-            while (reply := reader.gets()) is not _NO_REPLY:
-                if isinstance(reply, _PUSH):
-                    continue  # RESP3 out-of-band news (maintenance notices): no reply
-                batch, entry, again = waiting.popleft()
-                if batch is None or entry is None:  # the reply to SCRIPT LOAD
-                    self.loading = False
-                    self.load_error = reply if isinstance(reply, Exception) else None
-                    continue
-                if isinstance(reply, redis_errors.ResponseError):
-                    reply = _error(reply)
-                    if isinstance(reply, redis_errors.NoScriptError):
-                        if not again and not entry[2].done():
-                            self.reload(owner.script, batch, entry)
-                            continue
-                        if again and self.load_error is not None:
-                            reply = self.load_error  # why the script is still missing
-                    elif isinstance(reply, redis_errors.ReadOnlyError):
-                        # A primary demoted by a failover: connect again (Sentinel then
-                        # names the new primary).
-                        self.transport.close()
-                owner.answer(entry, reply)
-                batch.answered()
-        except (hiredis.ProtocolError, IndexError) as exc:
-            # Bytes that are not RESP, or a reply to nothing: nothing after them can be
-            # matched to its command.
-            self.transport.abort()
-            owner.lost(self, redis_errors.ConnectionError(f"bad reply from redis: {exc}"))
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.gone.done():
-            self.gone.set_result(None)
-        self._owner.lost(self, redis_errors.ConnectionError(
-            f"connection to redis lost{f': {exc}' if exc else ''}"))
-
-    def eof_received(self) -> bool:
-        return False  # the transport closes itself; connection_lost follows
-
-    def pause_writing(self) -> None:
-        """Redis reads slower than we write: the transport buffers (deadlines bound it)."""
-
-    def resume_writing(self) -> None:
-        """The transport's buffer has drained."""
-
-
-_PUSH = hiredis.PushNotification
-
-
-def _error(reply: redis_errors.ResponseError) -> redis_errors.ResponseError:
-    """The redis-py error class for an error reply (NOSCRIPT, READONLY …)."""
-    text = str(reply)
-    if text.startswith("NOSCRIPT"):
-        return redis_errors.NoScriptError(text)
-    if text.startswith("READONLY"):
-        return redis_errors.ReadOnlyError(text)
-    return reply
 
 
 class Pipeline:
@@ -220,14 +51,14 @@ class Pipeline:
         self.script = script
         self._abandon = abandon
         self._pending: list[Queued] = []  # queued in this tick, written at its end
-        self._held: list[tuple[_Batch, list[Queued]]] = []  # flushed while connecting
-        self._pipe: _Pipe | None = None
+        self._held: list[tuple[Batch, list[Queued]]] = []  # flushed while connecting
+        self._pipe: Pipe | None = None
         self._connecting: asyncio.Task[None] | None = None
         self._cut = False  # the set-up is being cut off (not closed)
         # Batches with a deadline, oldest first, until they are done; one timer (not one
         # per batch: arming one costs more than the rest of a batch) looks at them when
         # the earliest deadline falls due.
-        self._inflight: deque[_Batch] = deque()
+        self._inflight: deque[Batch] = deque()
         self._watch: asyncio.TimerHandle | None = None
         self._watch_at = math.inf
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop all this belongs to
@@ -278,7 +109,7 @@ class Pipeline:
             pipe.waiting.clear()
         for entry in stranded:
             with contextlib.suppress(RuntimeError):  # the old loop is closed
-                _fail(entry[2], moved)
+                fail(entry[2], moved)
         with contextlib.suppress(RuntimeError):
             if watch is not None:
                 watch.cancel()
@@ -286,7 +117,7 @@ class Pipeline:
                 connecting.cancel()
             if pipe is not None:
                 pipe.transport.abort()
-                _forget(pipe.connection)  # not reached if that loop is closed
+                forget(pipe.connection)  # not reached if that loop is closed
 
     def _unanswered(self) -> list[Queued]:
         """Every command flushed and not answered yet: held while connecting, or written."""
@@ -303,7 +134,7 @@ class Pipeline:
             return
         if loop is None:
             loop = asyncio.get_running_loop()
-        batch = _Batch(entries, loop.time())
+        batch = Batch(entries, loop.time())
         if batch.due != math.inf:
             inflight = self._inflight
             while inflight and inflight[0].done:
@@ -313,7 +144,7 @@ class Pipeline:
                 self._arm(loop, batch.due)
         pipe = self._pipe
         if pipe is not None and not pipe.transport.is_closing():
-            pipe.write(batch, _live(entries))
+            pipe.write(batch, live(entries))
             return
         self._held.append((batch, entries))
         if self._connecting is None:
@@ -332,7 +163,7 @@ class Pipeline:
             if writer is None:
                 raise redis_errors.ConnectionError("the connection closed while set up")
             transport: Any = writer.transport
-            pipe = _Pipe(self, connection, transport)
+            pipe = Pipe(self, connection, transport)
             transport.set_protocol(pipe)
         except BaseException as exc:
             await connection.disconnect(nowait=True)
@@ -347,7 +178,7 @@ class Pipeline:
             self.lost(old, redis_errors.ConnectionError("connection to redis replaced"))
         held, self._held = self._held, []
         for batch, entries in held:
-            pipe.write(batch, _live(entries))
+            pipe.write(batch, live(entries))
 
     def _connected(self, task: asyncio.Task[None]) -> None:
         """The set-up task ended; cancelled (cut off or closed, perhaps before it
@@ -367,7 +198,7 @@ class Pipeline:
         for batch, entries in held:
             batch.done = True
             for entry in entries:
-                _fail(entry[2], exc)
+                fail(entry[2], exc)
 
     def answer(self, entry: Queued, reply: Any) -> None:
         """Hand ``reply`` to its caller; if the caller gave up on an admitted decision,
@@ -393,7 +224,7 @@ class Pipeline:
         for slots in doubtful:
             self._abandon(slots)
 
-    def lost(self, pipe: _Pipe, exc: Exception) -> None:
+    def lost(self, pipe: Pipe, exc: Exception) -> None:
         """The connection is gone: every command still waiting on it fails (a decision
         that took slots may still run: see ``_doubtful``)."""
         if self._pipe is pipe:
@@ -404,13 +235,13 @@ class Pipeline:
             if batch is not None:
                 batch.done = True
             if entry is not None:
-                _fail(entry[2], exc)
+                fail(entry[2], exc)
                 if entry[4] is not None and len(doubtful) < _MOST_DOUBTFUL:
                     doubtful.append(entry[4])
         if not pipe.closed:
             pipe.closed = True
             pipe.transport.close()
-            _forget(pipe.connection)
+            forget(pipe.connection)
 
     def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
         if self._watch is not None:
@@ -425,8 +256,8 @@ class Pipeline:
         loop = asyncio.get_running_loop()
         now = loop.time()
         due = math.inf
-        cut: list[_Batch] = []
-        kept: deque[_Batch] = deque()
+        cut: list[Batch] = []
+        kept: deque[Batch] = deque()
         for batch in self._inflight:
             if batch.done:
                 continue
@@ -442,7 +273,7 @@ class Pipeline:
         if due != math.inf:
             self._arm(loop, due)
 
-    def _cut_off(self, batch: _Batch) -> None:
+    def _cut_off(self, batch: Batch) -> None:
         """``batch`` is still unanswered far past its deadlines: close the connection it
         waits on (or stop setting one up) so that no later command waits behind it."""
         pipe = batch.pipe
@@ -465,7 +296,7 @@ class Pipeline:
             self._move_to(loop)  # nothing an earlier loop left can be closed from here
         for entry in self._pending:
             if entry[0] != "release":
-                _fail(entry[2], closed)
+                fail(entry[2], closed)
         self._pending = [entry for entry in self._pending if entry[0] == "release"]
         self.flush()
         waits = [entry[2] for entry in self._unanswered()
@@ -492,12 +323,6 @@ class Pipeline:
         self._inflight.clear()
 
 
-def _forget(connection: AbstractConnection) -> None:
-    """Make redis-py's ``connection`` forget a socket the pipe has closed (or is closing:
-    its stream writer, dropped, would close it otherwise), as its ``disconnect`` does."""
-    connection._parser.on_disconnect()  # type: ignore[no-untyped-call]
-    connection._reader = connection._writer = None
-
 
 async def _connect_patiently(connection: AbstractConnection) -> None:
     """Connect ``connection``, its handshake's replies (AUTH, HELLO, SELECT) bounded by
@@ -511,12 +336,3 @@ async def _connect_patiently(connection: AbstractConnection) -> None:
     finally:
         connection.socket_timeout = read_timeout
 
-
-def _live(entries: list[Queued]) -> list[Queued]:
-    """The entries to write: releases always, decisions whose callers still wait."""
-    return [entry for entry in entries if entry[0] == "release" or not entry[2].done()]
-
-
-def _fail(future: asyncio.Future[Any], exc: BaseException) -> None:
-    if not future.done():
-        future.set_exception(exc)

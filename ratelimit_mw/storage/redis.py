@@ -3,88 +3,42 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import math
-import os
-import secrets
 from collections.abc import Callable, Sequence
 from functools import partial
-from importlib.resources import files
 from typing import Any
 
 from mypy_extensions import mypyc_attr
-from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
 from ..decision import Lease, Verdict, decision_from
 from ..errors import ConfigError, StorageError
-from ..policy import ALGORITHM_NAMES, Hit, MergedHits, merge_hits
+from ..policy import Hit, MergedHits, merge_hits
 from ..rates import MAX_AMOUNT
 from .base import (
-    BUCKET_SECONDS,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_POOL_TIMEOUT,
     Granularity,
     Storage,
     UsageRetention,
     bad_usage,
-    bucket_range,
 )
-from .keys import check_prefix, counter_suffix, identity_tag, redis_key
+from .faults import CONNECTION_LOST, REDIS_FAILURES, cause
+from .keys import check_prefix, counter_suffix, glob_escape, identity_tag, redis_key
+from .lease_ids import new_lease_id
 from .pipe import Kind, Pipeline, Slots
 from .pool import answer_within
+from .renewals import renew_leases
+from .scripts import decide_script_source, lua_source
+from .usage_reads import read_usage
 from .warmup import WARM_CONNECTIONS, pack_command, probe_commands, warm_client, warm_cluster
 from .wire import PackedPlan, pack_plan, pack_release, pack_script_load, slots_taken
 
 __all__ = ["RedisStorage", "decide_script_source"]
 
 _CACHED = 4096  # packed plans and tags kept per storage (then forgotten at once)
-_RENEWING = 16  # lease renewals (script calls, one per identity) in flight at once
-# RedisClusterException (no topology, slot not covered) is not a RedisError.
-_FAILURES = (redis_errors.RedisError, redis_errors.RedisClusterException, OSError,
-             asyncio.TimeoutError)
-# Failures after which the next decisions wait for a new connection (see connect_timeout).
-_LOST = (redis_errors.ConnectionError, ConnectionError, redis_errors.ClusterDownError)
-
-
-def _cause(exc: BaseException) -> str:
-    """What went wrong, for a message (a timeout's own text is empty)."""
-    return str(exc) or type(exc).__name__
-
-
-def _lua(*names: str) -> str:
-    """The Lua files ``names`` of ``storage/lua``, one after the other."""
-    lua = files("ratelimit_mw.storage") / "lua"
-    return "\n".join((lua / f"{name}.lua").read_text(encoding="utf-8") for name in names)
-
-
-def decide_script_source() -> str:
-    """The decision script: the prelude, one file per algorithm, then the driver."""
-    return _lua("prelude", *ALGORITHM_NAMES, "concurrency", "calendar_month", "decide")
-
-
-class _LeaseIds:
-    """Lease ids unique across processes: a random prefix per process, then a count
-    (cheaper than a random token per request)."""
-
-    __slots__ = ("_count", "_prefix")
-
-    def __init__(self) -> None:
-        self.renew()
-
-    def renew(self) -> None:
-        self._prefix = secrets.token_hex(8)
-        self._count = itertools.count()
-
-    def __call__(self) -> str:
-        return f"{self._prefix}{next(self._count):x}"
-
-
-_lease_id = _LeaseIds()
-# A worker forked after this import (gunicorn --preload) must not repeat its parent's ids.
-os.register_at_fork(after_in_child=_lease_id.renew)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -142,7 +96,7 @@ class RedisStorage(Storage):
         self._clock: Callable[[], float] | None = None
         script = decide_script_source()
         self._script: AsyncScript = client.register_script(script)
-        self._renew_script: AsyncScript = client.register_script(_lua("renew"))
+        self._renew_script: AsyncScript = client.register_script(lua_source("renew"))
         # Pipelined decisions and give-backs share one connection of their own.
         self._pipeline = Pipeline(client, pack_script_load(script),
                                   self._abandon) if self.pipeline else None
@@ -204,7 +158,7 @@ class RedisStorage(Storage):
             if self.pipeline:
                 plan = self._packed(hits, bool(usage))
                 slots = plan.slots
-                lease_id = _lease_id() if slots else ""
+                lease_id = new_lease_id() if slots else ""
                 command = plan.command(self._packed_tag(key), clock.encode(), lease_id.encode(),
                                        self._usage_arg(usage) if usage else b"")
                 reply = await self._queue("decide", command, wait,
@@ -213,7 +167,7 @@ class RedisStorage(Storage):
                 tag = identity_tag(self.prefix, key)
                 spec = self._usage_arg(usage).decode() if usage else ""
                 slots = slots_taken(hits)
-                lease_id = _lease_id() if slots else ""
+                lease_id = new_lease_id() if slots else ""
                 keys = [redis_key(self.prefix, key, hit.scope, hit.limit.uid) for hit in hits]
                 if usage and not keys:
                     keys.append(f"{tag}u:")  # a key to route by (see decide.lua)
@@ -223,10 +177,10 @@ class RedisStorage(Storage):
                     args += (limit.algorithm, limit.amount, limit.period_us, limit.capacity,
                              hit.cost)
                 reply = await answer_within(self._script(keys=keys, args=args), wait)
-        except _FAILURES as exc:
-            if isinstance(exc, _LOST):
+        except REDIS_FAILURES as exc:
+            if isinstance(exc, CONNECTION_LOST):
                 self._cold = True
-            msg = f"redis could not decide for {len(hits)} limit(s): {_cause(exc)}"
+            msg = f"redis could not decide for {len(hits)} limit(s): {cause(exc)}"
             raise StorageError(msg) from exc
         self._cold = False
         try:
@@ -338,28 +292,8 @@ class RedisStorage(Storage):
         socket timeout; the caller bounds the whole (the middleware: by its renewals'
         tick). Each identity's renewal stands on its own: the error counts the slots
         whose renewal failed."""
-        clock = self._clock_arg()
-        by_identity: dict[str, list[Lease]] = {}
-        for lease in leases:
-            by_identity.setdefault(lease.key, []).append(lease)
-        ways = asyncio.Semaphore(_RENEWING)
-
-        async def renew_one(held: list[Lease]) -> None:
-            async with ways:
-                await self._renew_script(
-                    keys=[redis_key(self.prefix, lease.key, lease.scope, lease.uid)
-                          for lease in held],
-                    args=[clock, period_us, *(lease.id for lease in held)])
-
-        groups = list(by_identity.values())
-        outcomes = await asyncio.gather(*map(renew_one, groups), return_exceptions=True)
-        failed = [(group, outcome) for group, outcome in zip(groups, outcomes, strict=True)
-                  if isinstance(outcome, BaseException)]
-        if failed:
-            count = sum(len(group) for group, _ in failed)
-            msg = (f"redis could not renew {count} of {len(leases)} slot(s): "
-                   f"{_cause(failed[0][1])}")
-            raise StorageError(msg) from failed[0][1]
+        await renew_leases(self._renew_script, self.prefix, self._clock_arg(), leases,
+                           period_us)
 
     async def release(self, leases: Sequence[Lease]) -> None:
         """Give slots back: one ZREM each, in the next pipeline flush with the decisions
@@ -373,8 +307,8 @@ class RedisStorage(Storage):
                         await self._client.zrem(
                             redis_key(self.prefix, lease.key, lease.scope, lease.uid),
                             lease.id)
-        except _FAILURES as exc:
-            msg = f"redis could not release {len(leases)} slot(s): {_cause(exc)}"
+        except REDIS_FAILURES as exc:
+            msg = f"redis could not release {len(leases)} slot(s): {cause(exc)}"
             raise StorageError(msg) from exc
 
     def release_now(
@@ -396,23 +330,11 @@ class RedisStorage(Storage):
     async def usage(
         self, key: str, granularity: Granularity, start: float, end: float,
     ) -> list[tuple[int, int]]:
-        try:
-            async with asyncio.timeout(self._bound(None)):
-                seconds, micros = await self._client.time()
-                now = seconds + micros / 1_000_000 if self._clock is None else self._clock()
-                buckets = bucket_range(granularity, start, end, now, self.retention)
-                if not buckets:
-                    return []
-                tag = f"{identity_tag(self.prefix, key)}u:{granularity[0]}:"
-                counts = await self._client.mget([f"{tag}{n}" for n in buckets])
-        except _FAILURES as exc:
-            msg = f"redis could not read the usage of {key!r}: {_cause(exc)}"
-            raise StorageError(msg) from exc
-        size = BUCKET_SECONDS[granularity]
-        return [(n * size, int(count or 0)) for n, count in zip(buckets, counts, strict=True)]
+        return await read_usage(self._client, self.prefix, self.retention, self._clock,
+                                self._bound(None), key, granularity, start, end)
 
     async def reset(self, key: str) -> None:
-        pattern = _glob_escape(identity_tag(self.prefix, key)) + "*"
+        pattern = glob_escape(identity_tag(self.prefix, key)) + "*"
         try:
             batch: list[Any] = []
             async for name in self._client.scan_iter(match=pattern, count=500):
@@ -422,14 +344,14 @@ class RedisStorage(Storage):
                     batch.clear()
             if batch:
                 await self._client.unlink(*batch)
-        except _FAILURES as exc:
-            msg = f"redis could not reset {key!r}: {_cause(exc)}"
+        except REDIS_FAILURES as exc:
+            msg = f"redis could not reset {key!r}: {cause(exc)}"
             raise StorageError(msg) from exc
 
     async def ping(self) -> bool:
         try:
             return bool(await self._client.ping())
-        except _FAILURES:
+        except REDIS_FAILURES:
             return False
 
     async def prepare(self) -> None:
@@ -437,7 +359,7 @@ class RedisStorage(Storage):
         primary), load the scripts, run each command the library uses once in a form
         that changes nothing (a missing ACL permission shows now) and open connections;
         a failure raises ``StorageError`` from its cause."""
-        scripts = [decide_script_source(), _lua("renew")]
+        scripts = [decide_script_source(), lua_source("renew")]
         probes = probe_commands(self._script.sha, f"{identity_tag(self.prefix, '')}probe")
         try:
             if isinstance(self._client, RedisCluster):
@@ -451,8 +373,8 @@ class RedisStorage(Storage):
                     await self._queue("decide", pack_command(*probe), math.inf)
             else:
                 await warm_client(self._client, scripts, probes, WARM_CONNECTIONS)
-        except _FAILURES as exc:
-            msg = f"redis is not ready: {_cause(exc)}"
+        except REDIS_FAILURES as exc:
+            msg = f"redis is not ready: {cause(exc)}"
             raise StorageError(msg) from exc
         self._cold = False
 
@@ -479,10 +401,3 @@ def _report_failure(on_failure: Callable[[Sequence[Lease], BaseException], None]
     exc = future.exception()
     if exc is not None:
         on_failure(leases, exc)
-
-
-def _glob_escape(text: str) -> str:
-    """Escape the characters that SCAN MATCH treats as a pattern."""
-    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
-
-

@@ -25,7 +25,7 @@ from ratelimit_mw import ConfigError, Hit, Limit, RedisStorage, Storage, Storage
 from ratelimit_mw.decision import Lease, Verdict
 from ratelimit_mw.failure import GuardedStorage
 from ratelimit_mw.middleware import RateLimitMiddleware
-from ratelimit_mw.storage import redis as redis_storage
+from ratelimit_mw.storage.lease_ids import new_lease_id
 from ratelimit_mw.tiers import Tier
 from tests.redis_servers import delayed
 
@@ -221,14 +221,14 @@ def test_pipelining_needs_a_plain_redis_client() -> None:
 
 def test_lease_ids_are_unique() -> None:
     """Lease ids share a per-process prefix and never repeat."""
-    ids = [redis_storage._lease_id() for _ in range(1000)]
+    ids = [new_lease_id() for _ in range(1000)]
     assert len(set(ids)) == 1000
     assert len({lease_id[:16] for lease_id in ids}) == 1
 
 
 def test_a_forked_worker_draws_its_own_lease_ids() -> None:
     """A worker forked from a process that already made ids (``--preload``) repeats none."""
-    parent = redis_storage._lease_id()
+    parent = new_lease_id()
     receiver, sender = multiprocessing.get_context("fork").Pipe(duplex=False)
     child = multiprocessing.get_context("fork").Process(target=_send_lease_id, args=(sender,))
     child.start()
@@ -241,7 +241,7 @@ def test_a_forked_worker_draws_its_own_lease_ids() -> None:
 
 
 def _send_lease_id(sender: Connection) -> None:
-    sender.send(redis_storage._lease_id())
+    sender.send(new_lease_id())
 
 
 class _Answering(Storage):

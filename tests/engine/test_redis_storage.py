@@ -17,7 +17,7 @@ from ratelimit_mw.middleware import RateLimitMiddleware
 from ratelimit_mw.policy import ALGORITHM_NAMES
 from ratelimit_mw.rates import MAX_PERIOD, Rate
 from ratelimit_mw.settings import RateLimitSettings
-from ratelimit_mw.storage import check_storage_url, pipe
+from ratelimit_mw.storage import check_storage_url, inflight
 from ratelimit_mw.storage.cluster import cluster_storage_from_url
 from ratelimit_mw.storage.keys import encode_part, redis_key
 from tests.conftest import FakeClock, on_clock
@@ -64,15 +64,15 @@ async def test_one_command_per_decision_with_three_limits(
     """Three limits cost one EVALSHA each decision, counted on the wire and by Redis."""
     await storage.decide("warm", three_limits())  # loads the script once
     sent: list[bytes] = []
-    original = pipe._Pipe.write
+    original = inflight.Pipe.write
 
-    def recording(self: pipe._Pipe, batch: Any, entries: list[pipe.Queued]) -> None:
+    def recording(self: inflight.Pipe, batch: Any, entries: list[inflight.Queued]) -> None:
         for entry in entries:
             sent.extend(_names(entry[1]))
         original(self, batch, entries)
 
     before = await raw.info("commandstats")
-    monkeypatch.setattr(pipe._Pipe, "write", recording)
+    monkeypatch.setattr(inflight.Pipe, "write", recording)
     for i in range(50):
         await storage.decide(f"user-{i % 5}", three_limits())
     monkeypatch.undo()
@@ -453,13 +453,13 @@ async def test_concurrent_decisions_share_one_pipeline(
 ) -> None:
     """Decisions asked in one event-loop tick go out together, and each gets its answer."""
     flushes: list[int] = []
-    original = pipe._Pipe.write
+    original = inflight.Pipe.write
 
-    def counting(self: pipe._Pipe, batch: Any, entries: list[pipe.Queued]) -> None:
+    def counting(self: inflight.Pipe, batch: Any, entries: list[inflight.Queued]) -> None:
         flushes.append(len(entries))
         original(self, batch, entries)
 
-    monkeypatch.setattr(pipe._Pipe, "write", counting)
+    monkeypatch.setattr(inflight.Pipe, "write", counting)
     hit = Hit(Limit("5/minute", "fixed_window"))
     verdicts = await asyncio.gather(*(storage.decide(f"p{i % 4}", [hit]) for i in range(40)))
     assert flushes == [40]
@@ -513,13 +513,13 @@ async def test_releases_ride_in_the_decisions_pipeline(
     slots = Hit(Limit.concurrency(3))
     held = [await storage.decide(f"r{i}", [slots]) for i in range(3)]
     flushes: list[list[str]] = []
-    original = pipe._Pipe.write
+    original = inflight.Pipe.write
 
-    def recording(self: pipe._Pipe, batch: Any, entries: list[pipe.Queued]) -> None:
+    def recording(self: inflight.Pipe, batch: Any, entries: list[inflight.Queued]) -> None:
         flushes.append([kind for kind, *_ in entries])
         original(self, batch, entries)
 
-    monkeypatch.setattr(pipe._Pipe, "write", recording)
+    monkeypatch.setattr(inflight.Pipe, "write", recording)
     await asyncio.gather(*(storage.release(v.leases) for v in held),
                          *(storage.decide(f"r{i}", [slots]) for i in range(3)))
     assert flushes == [["release"] * 3 + ["decide"] * 3]

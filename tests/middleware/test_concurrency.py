@@ -19,7 +19,7 @@ from starlette.routing import Route
 
 from ratelimit_mw import Hit, Limit, MemoryStorage, RateLimitSettings, RedisStorage, Storage
 from ratelimit_mw.middleware import RateLimitMiddleware
-from ratelimit_mw.storage import pipe
+from ratelimit_mw.storage import inflight
 from ratelimit_mw.tiers import Tier
 from tests.conftest import FakeClock, free_port
 from tests.redis_servers import delayed
@@ -519,13 +519,13 @@ async def test_redis_give_back_is_written_before_the_end_of_the_response(
     worker that the client turns to next finds the slot free, unless this worker's
     path to Redis is slower than the client's round trip to that worker."""
     events: list[str] = []
-    original = pipe._Pipe.write
+    original = inflight.Pipe.write
 
     def recording(self: Any, batch: Any, entries: list[Any]) -> None:
         events.extend("zrem" for entry in entries if entry[0] == "release")
         original(self, batch, entries)
 
-    monkeypatch.setattr(pipe._Pipe, "write", recording)
+    monkeypatch.setattr(inflight.Pipe, "write", recording)
     storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, timeout=1.0)
     middleware = RateLimitMiddleware(
         PlainTextResponse("ok"), tiers=[Tier("t", "1000/minute", concurrency=1)],
@@ -616,13 +616,13 @@ async def test_redis_slot_comes_back_however_the_app_call_ends(
     scope = {"type": "http", "method": "GET", "path": "/", "headers": [],
              "query_string": b"", "client": CLIENT}
     released: list[str] = []
-    original = pipe._Pipe.write
+    original = inflight.Pipe.write
 
     def recording(self: Any, batch: Any, entries: list[Any]) -> None:
         released.extend(entry[0] for entry in entries if entry[0] == "release")
         original(self, batch, entries)
 
-    monkeypatch.setattr(pipe._Pipe, "write", recording)
+    monkeypatch.setattr(inflight.Pipe, "write", recording)
     try:
         if ending == "no body":
             await middleware(scope, receive, send)

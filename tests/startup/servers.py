@@ -20,7 +20,13 @@ from typing import Any
 from starlette.types import ASGIApp, Message
 
 from tests.conftest import free_port
-from tests.redis_servers import ClusterDeployment, RedisProcess, StartupError, cluster_node
+from tests.redis_servers import (
+    ClusterDeployment,
+    RedisProcess,
+    StartupError,
+    cluster_node,
+    redis_server_binary,
+)
 
 __all__ = ["LACKING", "PASSWORD", "USER_PASSWORD", "TLSRedis", "cluster_replica", "lifespan",
            "locked_redis", "tls_redis"]
@@ -39,19 +45,11 @@ class _LockedProcess(RedisProcess):
         return super().client(**options)
 
 
-def _server() -> str:
-    server = shutil.which("redis-server")
-    if server is None:
-        msg = "redis-server is not installed"
-        raise StartupError(msg)
-    return server
-
-
 @contextmanager
 def locked_redis() -> Iterator[RedisProcess]:
     """A redis-server with ``--requirepass`` and one ACL user ``no-<command>`` per
     command of ``LACKING`` (password ``USER_PASSWORD``), lacking only that command."""
-    server = _server()
+    server = redis_server_binary()
     workdir = Path(tempfile.mkdtemp(prefix="rl-startup-locked-"))
 
     def command(directory: Path, port: int) -> list[str]:
@@ -104,7 +102,7 @@ def _certificates(directory: Path) -> None:
 def tls_redis() -> Iterator[TLSRedis]:
     """A redis-server on TLS (and on a plain port, for the fixture's own checks), with a
     certificate of a CA of its own."""
-    server = _server()
+    server = redis_server_binary()
     if shutil.which("openssl") is None:
         msg = "openssl is not installed"
         raise StartupError(msg)
@@ -155,7 +153,7 @@ def cluster_replica(cluster: ClusterDeployment, of: RedisProcess) -> RedisProces
     """Start a node that joins ``cluster`` as a replica of its primary ``of``, and wait
     until it has synced (the caller kills it)."""
     workdir = Path(tempfile.mkdtemp(prefix="rl-startup-replica-"))
-    replica = RedisProcess("cluster replica", workdir, cluster_node(_server()))
+    replica = RedisProcess("cluster replica", workdir, cluster_node(redis_server_binary()))
     replica.start()
     replica.call("CLUSTER", "MEET", "127.0.0.1", of.port)
     primary_id = cluster.node_id(of)

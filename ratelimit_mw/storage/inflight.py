@@ -1,0 +1,216 @@
+"""Commands on the pipelined connection until their replies come: what is queued, the
+batch of one flush, and the connection's protocol, which parses the replies as they
+arrive and hands each to the oldest command still waiting for one."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from typing import Any, Literal, Protocol
+
+import hiredis
+from redis import exceptions as redis_errors
+from redis.asyncio.connection import AbstractConnection
+
+__all__ = ["Batch", "Kind", "Owner", "Pipe", "Queued", "Slots", "fail", "forget", "live"]
+
+Kind = Literal["decide", "release"]
+Slots = tuple[str, tuple[tuple[str, str], ...], str]
+"""The concurrency slots a decision may take: its identity, ``(scope, uid)`` of each
+slot, and the lease id."""
+Queued = tuple[Kind, bytes, "asyncio.Future[Any]", float, Slots | None]
+"""A packed command waiting for the next flush, the future of its reply, when its
+caller stops waiting (loop time; inf: never), and the slots a decision may take."""
+
+
+class Batch:
+    """The commands of one flush, from the flush until their last reply (or failure).
+
+    Its callers fail at their deadlines (``check``, called by the pipeline's one
+    timer); past the last deadline it allows a grace period (ten times the wait, at
+    least a second) for the replies, then the connection is cut off rather than waited
+    on any longer.
+    """
+
+    __slots__ = ("done", "due", "entries", "grace", "left", "pipe")
+
+    def __init__(self, entries: list[Queued], now: float) -> None:
+        self.entries = entries
+        self.left = 0  # replies still to come
+        self.done = False
+        self.pipe: Pipe | None = None  # the connection it was written on
+        first = last = math.inf
+        for entry in entries:
+            deadline = entry[3]
+            if deadline < first:
+                first = deadline
+            if deadline != math.inf and (last == math.inf or deadline > last):
+                last = deadline
+        self.due = first
+        """When ``check`` should next run (inf: never)."""
+        # An entry without a deadline does not spare the others' connection a cut-off.
+        self.grace = math.inf if last == math.inf else last + max(1.0, 10 * (last - now))
+
+    def check(self, now: float) -> float:
+        """Fail the callers whose deadline has passed; the time to look again (-inf: the
+        grace period is over, cut the connection off)."""
+        if now >= self.grace:
+            return -math.inf
+        due = math.inf
+        for _, _, future, deadline, _ in self.entries:
+            if future.done():
+                continue
+            if deadline <= now:
+                future.set_exception(TimeoutError("redis did not answer within the timeout"))
+            elif deadline < due:
+                due = deadline
+        self.due = due if due != math.inf else self.grace
+        return self.due
+
+    def answered(self) -> None:
+        """One reply in; with the last, the batch is done."""
+        self.left -= 1
+        if self.left <= 0:
+            self.done = True
+
+
+class Owner(Protocol):
+    """What a pipe hands its replies and its loss to (the pipeline)."""
+
+    script: bytes
+    """The ``SCRIPT LOAD`` command sent again on NOSCRIPT."""
+
+    def answer(self, entry: Queued, reply: Any) -> None: ...
+
+    def lost(self, pipe: Pipe, exc: Exception) -> None: ...
+
+
+_NO_REPLY = object()  # what the reader gives while a reply is incomplete (RESP3 has false)
+
+
+class Pipe:
+    """The connection's protocol (an ``asyncio.Protocol`` by its methods) once it is set
+    up: replies go to the commands written on it, oldest first."""
+
+    __slots__ = ("_owner", "_reader", "closed", "connection", "gone", "load_error", "loading",
+                 "transport", "waiting")
+
+    def __init__(self, owner: Owner, connection: AbstractConnection,
+                 transport: asyncio.WriteTransport) -> None:
+        self._owner = owner
+        self.connection = connection
+        self.transport = transport
+        self._reader = hiredis.Reader(replyError=redis_errors.ResponseError,
+                                      notEnoughData=_NO_REPLY)
+        self.closed = False
+        # Done when the transport has let go of its socket (for TLS, after the
+        # close_notify exchange, which outlives close()).
+        self.gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.loading = False  # a SCRIPT LOAD written and not yet answered
+        self.load_error: Exception | None = None  # why the last SCRIPT LOAD failed
+        # (batch, entry, sent again after NOSCRIPT) of each command written and not yet
+        # answered; batch and entry None for the SCRIPT LOAD written after a NOSCRIPT.
+        self.waiting: deque[tuple[Batch | None, Queued | None, bool]] = deque()
+
+    def write(self, batch: Batch, entries: list[Queued]) -> None:
+        """Send ``entries`` (of ``batch``) in one write."""
+        if not entries:
+            batch.done = True
+            return
+        batch.pipe = self
+        waiting = self.waiting
+        for entry in entries:
+            waiting.append((batch, entry, False))
+        batch.left += len(entries)
+        self.transport.write(b"".join([entry[1] for entry in entries]))
+
+    def reload(self, script: bytes, batch: Batch, entry: Queued) -> None:
+        """After NOSCRIPT (a restarted or flushed Redis): load the script, once for all
+        the commands written before the load, and send ``entry`` again (only once)."""
+        if not self.loading:
+            self.loading = True
+            self.waiting.append((None, None, False))
+            self.transport.write(script)
+        self.waiting.append((batch, entry, True))
+        self.transport.write(entry[1])
+
+    def data_received(self, data: bytes) -> None:
+        reader = self._reader
+        reader.feed(data)
+        waiting = self.waiting
+        owner = self._owner
+        try:
+            while (reply := reader.gets()) is not _NO_REPLY:
+                if isinstance(reply, _PUSH):
+                    continue  # RESP3 out-of-band news (maintenance notices): no reply
+                batch, entry, again = waiting.popleft()
+                if batch is None or entry is None:  # the reply to SCRIPT LOAD
+                    self.loading = False
+                    self.load_error = reply if isinstance(reply, Exception) else None
+                    continue
+                if isinstance(reply, redis_errors.ResponseError):
+                    reply = _error(reply)
+                    if isinstance(reply, redis_errors.NoScriptError):
+                        if not again and not entry[2].done():
+                            self.reload(owner.script, batch, entry)
+                            continue
+                        if again and self.load_error is not None:
+                            reply = self.load_error  # why the script is still missing
+                    elif isinstance(reply, redis_errors.ReadOnlyError):
+                        # A primary demoted by a failover: connect again (Sentinel then
+                        # names the new primary).
+                        self.transport.close()
+                owner.answer(entry, reply)
+                batch.answered()
+        except (hiredis.ProtocolError, IndexError) as exc:
+            # Bytes that are not RESP, or a reply to nothing: nothing after them can be
+            # matched to its command.
+            self.transport.abort()
+            owner.lost(self, redis_errors.ConnectionError(f"bad reply from redis: {exc}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.gone.done():
+            self.gone.set_result(None)
+        self._owner.lost(self, redis_errors.ConnectionError(
+            f"connection to redis lost{f': {exc}' if exc else ''}"))
+
+    def eof_received(self) -> bool:
+        return False  # the transport closes itself; connection_lost follows
+
+    def pause_writing(self) -> None:
+        """Redis reads slower than we write: the transport buffers (deadlines bound it)."""
+
+    def resume_writing(self) -> None:
+        """The transport's buffer has drained."""
+
+
+_PUSH = hiredis.PushNotification
+
+
+def _error(reply: redis_errors.ResponseError) -> redis_errors.ResponseError:
+    """The redis-py error class for an error reply (NOSCRIPT, READONLY …)."""
+    text = str(reply)
+    if text.startswith("NOSCRIPT"):
+        return redis_errors.NoScriptError(text)
+    if text.startswith("READONLY"):
+        return redis_errors.ReadOnlyError(text)
+    return reply
+
+
+def forget(connection: AbstractConnection) -> None:
+    """Make redis-py's ``connection`` forget a socket the pipe has closed (or is closing:
+    its stream writer, dropped, would close it otherwise), as its ``disconnect`` does."""
+    connection._parser.on_disconnect()  # type: ignore[no-untyped-call]
+    connection._reader = connection._writer = None
+
+
+
+def live(entries: list[Queued]) -> list[Queued]:
+    """The entries to write: releases always, decisions whose callers still wait."""
+    return [entry for entry in entries if entry[0] == "release" or not entry[2].done()]
+
+
+def fail(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)

@@ -1,0 +1,31 @@
+"""Lease ids of concurrency slots, unique across processes."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+
+__all__ = ["new_lease_id"]
+
+
+class _LeaseIds:
+    """Lease ids unique across processes: a random prefix per process, then a count
+    (cheaper than a random token per request)."""
+
+    __slots__ = ("_count", "_prefix")
+
+    def __init__(self) -> None:
+        self.renew()
+
+    def renew(self) -> None:
+        self._prefix = secrets.token_hex(8)
+        self._count = itertools.count()
+
+    def __call__(self) -> str:
+        return f"{self._prefix}{next(self._count):x}"
+
+
+new_lease_id = _LeaseIds()
+# A worker forked after this import (gunicorn --preload) must not repeat its parent's ids.
+os.register_at_fork(after_in_child=new_lease_id.renew)
