@@ -68,9 +68,14 @@ def _with_cell(entry: Entry, i: int, slot: tuple[str, str], state: Any,
     size = len(entry)
     if (i < 0 and size == _FIRST_CELL) or (i == _FIRST_CELL and size == _FIRST_CELL + 3):
         return (whole, entry[1], entry[2], slot, state, expires)
+    # One copy as a list, changed in place: cheaper than splicing slices into a tuple.
+    cells = list(entry)
+    cells[0] = whole
     if i < 0:
-        return (whole, *entry[1:], slot, state, expires)
-    return (whole, *entry[1:i], slot, state, expires, *entry[i + 3:])
+        cells += (slot, state, expires)
+    else:
+        cells[i + 1], cells[i + 2] = state, expires
+    return tuple(cells)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -134,47 +139,62 @@ class MemoryStorage(Storage):
         if len(hits) == 1:
             return self._decide_one(key, entry, hits[0], now, usage)
         hits = merge_hits(hits)
-        # The identity's cells as a list, and where each slot's three are in it: read
-        # for every hit, updated in place, made one tuple at the end.
-        cells = list(entry[_FIRST_CELL:]) if entry is not None else []
-        where = dict(zip(cells[0::3], range(0, len(cells), 3)))  # noqa: B905 - equal
+        kept = entry if entry is not None else _EMPTY
+        # Where each hit's cell is in the entry (-1: none yet). A plan keeps its cells in
+        # the order of its hits, so the cell after the last one found is tried first.
+        spots: list[int] = []
         steps = []
         allowed = True
+        size, guess = len(kept), _FIRST_CELL
         for hit in hits:
-            i = where.get(hit.slot, -1)
-            step = run(hit.limit, cells[i + 1] if i >= 0 and cells[i + 2] > now else None,
+            slot = hit.slot
+            i = guess if guess < size and kept[guess] == slot else _find(kept, slot)
+            if i >= 0:
+                guess = i + 3
+            spots.append(i)
+            step = run(hit.limit, kept[i + 1] if i >= 0 and kept[i + 2] > now else None,
                        now, hit.cost)
             steps.append(step)
             if not step[0]:
                 allowed = False
         leases: tuple[Lease, ...] = ()
         if allowed:
-            expires = entry[0] if entry is not None else 0
-            charged = False
-            for hit, step in zip(hits, steps):  # noqa: B905 - one step per hit
+            # The new entry made once, from one copy of the old changed in place.
+            cells: list[Any] | None = None
+            expires = kept[0]
+            for k, hit in enumerate(hits):
                 if hit.cost:
+                    step = steps[k]
                     state, lease = self._leased(key, hit, step[4], now)
                     ends = now + step[2]
-                    i = where.get(hit.slot, -1)
+                    if cells is None:
+                        cells = list(kept)
+                    i = spots[k]
                     if i < 0:
-                        where[hit.slot] = len(cells)
                         cells += (hit.slot, state, ends)
                     else:
                         cells[i + 1], cells[i + 2] = state, ends
-                    expires = max(expires, ends)
-                    charged = True
+                    if ends > expires:
+                        expires = ends
                     if lease is not None:
                         leases = (*leases, lease)
-            if charged or usage:
-                hours, days = (entry[1], entry[2]) if entry is not None else (None, None)
-                self._store(key, entry, (expires, hours, days, *cells), usage, now)
+            if cells is not None or usage:
+                if cells is None:
+                    cells = list(kept)
+                if usage:
+                    cells[1], cells[2], kept_until = self._history(
+                        cells[1], cells[2], now, usage)
+                    if kept_until > expires:
+                        expires = kept_until
+                cells[0] = expires
+                self._store(key, entry, tuple(cells), 0, now)
         elif len(hits) > 1:
             # Report what the admitted limits look like without this request's cost.
-            for i, hit in enumerate(hits):
-                if steps[i][0] and hit.cost:
-                    j = where.get(hit.slot, -1)
-                    steps[i] = run(hit.limit,
-                                   cells[j + 1] if j >= 0 and cells[j + 2] > now else None,
+            for k, hit in enumerate(hits):
+                if steps[k][0] and hit.cost:
+                    i = spots[k]
+                    steps[k] = run(hit.limit,
+                                   kept[i + 1] if i >= 0 and kept[i + 2] > now else None,
                                    now, 0)
         # tuple.__new__ skips the named tuple's Python-level __new__: this runs per request.
         return _new(Verdict, (allowed, tuple([
@@ -216,16 +236,21 @@ class MemoryStorage(Storage):
         if old is None:
             self._reclaim(now)
         if usage:
-            hours, days = entry[1], entry[2]
-            if hours is None or days is None:
-                hours, days = {}, {}
-            kept = self._count(hours, days, now, usage)
+            hours, days, kept = self._history(entry[1], entry[2], now, usage)
             if kept > entry[0] or hours is not entry[1]:
                 entry = (entry[0] if entry[0] > kept else kept, hours, days,
                          *entry[_FIRST_CELL:])
         keys[key] = entry
         if old is None and len(keys) > self.max_keys:
             keys.popitem(last=False)
+
+    def _history(self, hours: dict[int, int] | None, days: dict[int, int] | None,
+                 now: int, units: int) -> tuple[dict[int, int], dict[int, int], int]:
+        """An identity's hour and day buckets (new ones if it has none) with ``units``
+        added, and until when the history is kept."""
+        if hours is None or days is None:
+            hours, days = {}, {}
+        return hours, days, self._count(hours, days, now, units)
 
     def _count(self, hours: dict[int, int], days: dict[int, int], now: int,
                units: int) -> int:
