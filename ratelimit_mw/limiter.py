@@ -130,11 +130,18 @@ class Limiter:
     def plan_for(self, tier: Tier, key: str | None = None) -> Plan:
         """The plan of ``tier`` (of the caller ``key``, whose override applies) on a route
         without limits of its own (quota reports)."""
-        if key is not None and self.overrides is not None:
-            applied = self.overrides.find(key)
+        if key is None:
+            return self.plans.get(tier, NO_ROUTE)
+        return self._plan(key, tier, NO_ROUTE)
+
+    def _plan(self, key: str, tier: Tier, route: RouteSpec) -> Plan:
+        """The plan of ``tier`` on ``route``, or the caller's override where one applies."""
+        overrides = self.overrides
+        if overrides is not None:
+            applied = overrides.find(key)
             if applied is not None:
-                return applied.plan(tier, NO_ROUTE, self.plans)
-        return self.plans.get(tier, NO_ROUTE)
+                return applied.plan(tier, route, self.plans)
+        return self.plans.get(tier, route)
 
     @property
     def retry_after(self) -> int:
@@ -158,12 +165,7 @@ class Limiter:
         key = identity.key_now(scope)
         if key is None:
             return None
-        overrides = self.overrides
-        if overrides is not None:
-            applied = overrides.find(key)
-            if applied is not None:
-                return key, applied.plan(identity.tier_now(scope), route, self.plans)
-        return key, self.plans.get(identity.tier_now(scope), route)
+        return key, self._plan(key, identity.tier_now(scope), route)
 
     async def charge(self, scope: Scope) -> Charge | None:
         """What ``scope`` counts against; None when it is not limited (an exempt route,
@@ -175,12 +177,7 @@ class Limiter:
         key = await identity.key_of(scope)
         if key is None:
             return None
-        overrides = self.overrides
-        if overrides is not None:
-            applied = overrides.find(key)
-            if applied is not None:
-                return key, applied.plan(await identity.tier_of(scope), route, self.plans)
-        return key, self.plans.get(await identity.tier_of(scope), route)
+        return key, self._plan(key, await identity.tier_of(scope), route)
 
     def decide_now(self, charge: Charge) -> Outcome | None:
         """The outcome, if the storage decides without awaiting; else None (``decide``)."""
