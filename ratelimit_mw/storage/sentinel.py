@@ -87,7 +87,8 @@ def sentinel_client_from_url(
     pool_timeout = kwargs.pop("pool_timeout", DEFAULT_POOL_TIMEOUT)
     if kwargs.get("max_connections") is None:
         kwargs["max_connections"] = DEFAULT_MAX_CONNECTIONS
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    # redis-py before 8.2 leaves Sentinel() untyped; 8.2 annotates it.
+    sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
         list(parsed.hosts), sentinel_kwargs=to_sentinels,
     )
     client = sentinel.master_for(service, redis_class=_SentinelPrimary, **kwargs)
@@ -118,4 +119,6 @@ class _SentinelPrimary(Redis):
             await super().aclose(close_connection_pool)
         finally:
             if self.sentinel_manager is not None:
-                await self.sentinel_manager.aclose()
+                # One by one: Sentinel.aclose() is only in redis-py 8.1 and later.
+                for sentinel in self.sentinel_manager.sentinels:
+                    await sentinel.aclose()

@@ -302,13 +302,32 @@ async def test_a_slot_granted_after_its_caller_gave_up_goes_back(
             await storage.close()
 
 
+def hello_reply(protocol: int) -> bytes:
+    """What Redis 7 answers to ``HELLO <protocol>``: a map in RESP3, a flat list in
+    RESP2 (redis-py 8 sends ``HELLO 3`` on every new connection and reads the map)."""
+    facts = [(b"server", b"redis"), (b"version", b"7.0.15"), (b"proto", protocol),
+             (b"id", 7), (b"mode", b"standalone"), (b"role", b"master"), (b"modules", [])]
+
+    def encode(value: bytes | int | list[object]) -> bytes:
+        if isinstance(value, int):
+            return b":%d\r\n" % value
+        if isinstance(value, list):
+            return b"*0\r\n"
+        return b"$%d\r\n%s\r\n" % (len(value), value)
+
+    body = b"".join(encode(name) + encode(value) for name, value in facts)
+    head = b"%%%d\r\n" % len(facts) if protocol == 3 else b"*%d\r\n" % (2 * len(facts))
+    return head + body
+
+
 @asynccontextmanager
 async def scripted_redis(
     answer: bytes, **answers: bytes,
 ) -> AsyncIterator[tuple[str, asyncio.Event]]:
-    """A server that answers the connection set-up (``HELLO``, ``CLIENT ...``) with
-    ``+OK``, a command named in ``answers`` (``SCRIPT=b"..."``) with its answer, and
-    every other command with ``answer``; the event is set when a client hangs up."""
+    """A server that answers the connection set-up as Redis 7 does (``HELLO`` with its
+    map of server facts, ``CLIENT ...`` and ``SELECT`` with ``+OK``), a command named in
+    ``answers`` (``SCRIPT=b"..."``) with its answer, and every other command with
+    ``answer``; the event is set when a client hangs up."""
     import hiredis
 
     closed = asyncio.Event()
@@ -322,8 +341,12 @@ async def scripted_redis(
                 commands.feed(data)
                 while (command := commands.gets()) is not False:
                     name = command[0].upper()
-                    set_up = name in (b"HELLO", b"CLIENT")
-                    writer.write(b"+OK\r\n" if set_up else answers.get(name.decode(), answer))
+                    if name == b"HELLO":
+                        writer.write(hello_reply(int(command[1]) if len(command) > 1 else 2))
+                    elif name in (b"CLIENT", b"SELECT"):
+                        writer.write(b"+OK\r\n")
+                    else:
+                        writer.write(answers.get(name.decode(), answer))
         closed.set()
         writer.close()
 

@@ -525,3 +525,32 @@ async def test_releases_ride_in_the_decisions_pipeline(
     assert flushes == [["release"] * 3 + ["decide"] * 3]
     looked = await asyncio.gather(*(storage.peek(f"r{i}", [slots]) for i in range(3)))
     assert [v.decisions[0].remaining for v in looked] == [2, 2, 2]  # 1 given back, 1 taken
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+async def test_every_storage_call_works_on_either_protocol(
+    redis_url: str, redis_prefix: str, raw: aioredis.Redis, protocol: int,
+) -> None:
+    """redis-py 8 speaks RESP3 from its first ``HELLO`` unless told otherwise: decisions
+    in the pipeline, peeks, slots given back, usage reads and resets answer the same on
+    either protocol, and the connections speak the one asked for."""
+    name = f"resp{protocol}-{redis_prefix.strip(':')}"
+    storage = RedisStorage.from_url(f"{redis_url}?protocol={protocol}&client_name={name}",
+                                    prefix=redis_prefix)
+    try:
+        hits = [*three_limits(), Hit(Limit.concurrency(2))]
+        verdicts = await asyncio.gather(*(storage.decide("k", hits, usage=1) for _ in range(3)))
+        assert [v.allowed for v in verdicts] == [True, True, False]
+        assert [v.decisions[0].remaining for v in verdicts[:2]] == [19, 18]
+        await storage.release([lease for v in verdicts for lease in v.leases])
+        looked = await storage.peek("k", hits)
+        assert [d.remaining for d in looked.decisions] == [18, 998, 98, 2]
+        now = time.time()
+        assert sum(n for _, n in await storage.usage("k", "day", now - 86400, now + 1)) == 2
+        await storage.reset("k")
+        assert (await storage.peek("k", hits)).decisions[0].remaining == 20
+        clients = await raw.client_list()
+        spoke = {int(c["resp"]) for c in clients if c.get("name") == name}
+        assert spoke == {protocol}
+    finally:
+        await storage.close()
