@@ -7,7 +7,7 @@ Each bar is an app's speed relative to the ``headers`` control (the bare app plu
 constant rate-limit headers, no limiter): the control's count over the app's, so 1.0 is
 as cheap as sending the headers and higher is faster. ratelimit_mw stands beside each
 peer library, on memory and on Redis, once per build counted (from source, what ``pip
-install`` gives, and compiled). Needs matplotlib (``pip install -e '.[bench]'``).
+install`` gives, and compiled). Needs matplotlib (the lock's ``bench`` group: ``./scripts/venv``).
 """
 
 from __future__ import annotations

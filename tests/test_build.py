@@ -1,9 +1,9 @@
 """The build under test: the sources, or the compiled wheel of ``scripts/compile``.
 
 ``scripts/test`` runs the suite twice, the second time with ``TEST_BUILD=compiled``
-and ``build/compiled`` first on the path; these tests make sure that run really imports
-the compiled modules (and the first one the sources), and that what users may subclass
-still can be.
+on the wheel installed into a venv of its own; these tests make sure that run really
+imports the compiled modules, from the install (and the first one the sources), and
+that what users may subclass still can be.
 """
 
 from __future__ import annotations
@@ -17,11 +17,16 @@ from typing import Any
 
 import pytest
 
+import ratelimit_mw
 from ratelimit_mw import MemoryStorage, RateLimitMiddleware, RateLimitSettings, Tier
 from ratelimit_mw.headers import HeaderFormat
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = os.environ.get("TEST_BUILD", "source")
+
+
+INSTALLED = Path(ratelimit_mw.__file__).resolve().parent.parent
+"""Where the package under test lives: the tree, or the wheel's venv's site-packages."""
 
 
 def compiled_modules() -> list[str]:
@@ -30,9 +35,9 @@ def compiled_modules() -> list[str]:
     include = config["tool"]["hatch"]["build"]["targets"]["wheel"]["hooks"]["mypyc"]["include"]
     names = []
     for entry in include:
-        path = ROOT / entry.lstrip("/")
+        path = INSTALLED / entry.lstrip("/")
         files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
-        names += [".".join(f.relative_to(ROOT).with_suffix("").parts) for f in files]
+        names += [".".join(f.relative_to(INSTALLED).with_suffix("").parts) for f in files]
     return [name.removesuffix(".__init__") for name in names]
 
 
@@ -53,6 +58,17 @@ def test_the_run_imports_the_build_it_names(name: str) -> None:
     module = importlib.import_module(name)
     compiled = isinstance(module.__loader__, importlib.machinery.ExtensionFileLoader)
     assert compiled == (BUILD == "compiled"), (name, module.__file__)
+
+
+def test_the_package_says_which_build_it_is() -> None:
+    """``ratelimit_mw.compiled`` tells the compiled wheel from the sources; the compiled
+    pass imports the package from its install, not from the tree."""
+    assert ratelimit_mw.compiled == (BUILD == "compiled")
+    if BUILD == "compiled":
+        assert not (ROOT / "ratelimit_mw").exists()
+        assert "site-packages" in INSTALLED.parts, INSTALLED
+    else:
+        assert INSTALLED == ROOT
 
 
 async def _app(scope: Any, receive: Any, send: Any) -> None:

@@ -100,7 +100,7 @@ def test_the_workers_share_a_fresh_metrics_directory() -> None:
     assert app["tmpfs"] == [directory]
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert f"PROMETHEUS_MULTIPROC_DIR={directory}" in dockerfile
-    assert "prometheus]" in dockerfile  # the extra installed
+    assert "--extra prometheus" in dockerfile  # the extra installed
 
 
 def test_the_monitoring_profile_runs_prometheus_and_grafana_on_the_deploy_files() -> None:
