@@ -279,7 +279,9 @@ class CircuitRefusal(CircuitOpenError, HTTPException):
     (503, ``Retry-After``), so an app without that handler still answers 503."""
 
     def __init__(self, error: CircuitOpenError) -> None:
-        CircuitOpenError.__init__(self, error.remaining, error.name, error.state)
+        # Not CircuitOpenError.__init__: its super() here is HTTPException's, which takes
+        # the message for a status code (Starlette before 1.7 raises on it).
+        self.remaining, self.name, self.state = error.remaining, error.name, error.state
         content, headers = _body(error)
         HTTPException.__init__(self, 503, detail=content, headers=headers)  # type: ignore[arg-type]
 

@@ -141,12 +141,14 @@ class RedisOverrideStore(OverrideStore):
     async def load(self) -> tuple[int, list[Override]]:
         try:
             async with self.client.pipeline(transaction=True) as pipe:
-                pipe.hgetall(self.hash)
+                # The values name their callers. Not HGETALL: redis-py 6.2 to 7's Cluster
+                # transactions fail on its reply's callback (under RESP2, their default).
+                pipe.hvals(self.hash)
                 pipe.get(self.version_key)
                 stored, version = await pipe.execute()
         except REDIS_FAILURES as exc:
             raise _storage_error("read", exc) from exc
-        items = [_decoded(value) for value in stored.values()]
+        items = [_decoded(value) for value in stored]
         return int(version or 0), [item for item in items if item is not None]
 
     async def version(self) -> int:

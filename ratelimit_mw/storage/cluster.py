@@ -89,10 +89,10 @@ def cluster_client_from_url(
         bad_url(url, str(exc), _CLUSTER_EXAMPLE, cause=exc)
     client.queue = ConnectionQueue(client.connection_kwargs["max_connections"], pool_timeout)
     # RedisCluster takes no connection class: set it where nodes, known and to be
-    # discovered, take theirs.
+    # discovered, take theirs (the nodes manager's startup nodes: every redis-py has them).
     patient = PatientSSLConnection if tls else PatientConnection
     client.connection_kwargs["connection_class"] = patient
-    for node in client.startup_nodes:
+    for node in client.nodes_manager.startup_nodes.values():
         node.connection_class = patient
     return client
 

@@ -53,6 +53,10 @@ def misconfiguration(exc: BaseException) -> str | None:
             return f"{_FATAL_REPLIES[first]}: {text}"
         if isinstance(error, redis_errors.AuthenticationError):
             return f"authentication failed: {text}"
+        if "Protocol error: unauthenticated" in text:
+            # Redis's reply, not NOAUTH, to a long first command (a script) before AUTH,
+            # where the client's handshake checks nothing (RESP2, before redis-py 8).
+            return f"{_FATAL_REPLIES['NOAUTH']}: {text}"
         if isinstance(error, redis_errors.NoPermissionError):
             return f"the user lacks an ACL permission the library needs: {text}"
         if isinstance(error, ssl.SSLCertVerificationError):

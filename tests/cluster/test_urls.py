@@ -75,7 +75,8 @@ async def test_cluster_url_names_the_startup_nodes() -> None:
     )
     try:
         assert isinstance(client, RedisCluster)
-        assert [(node.host, int(node.port)) for node in client.startup_nodes] == [
+        nodes = client.nodes_manager.startup_nodes.values()
+        assert [(node.host, int(node.port)) for node in nodes] == [
             ("10.0.0.1", 7000), ("::1", 7001), ("cache.internal", 6379)]
         kwargs = client.connection_kwargs
         assert (kwargs["username"], kwargs["password"], kwargs["socket_timeout"]) == \

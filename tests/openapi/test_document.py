@@ -366,7 +366,7 @@ def test_the_key_pattern_refuses_what_the_middleware_refuses(value: str) -> None
 
 
 def test_a_new_route_gets_described_too() -> None:
-    """FastAPI makes the document anew when the routes change; it is described again."""
+    """A document made anew after the routes change is described again."""
     app = make_app()
     assert "429" in operation(app, "/items")["responses"]
 
@@ -374,6 +374,7 @@ def test_a_new_route_gets_described_too() -> None:
     async def later() -> dict[str, str]:
         return {"later": "yes"}
 
+    app.openapi_schema = None  # FastAPI 0.137 notices the new route; before, it is told
     assert "429" in operation(app, "/later")["responses"]
     assert app.openapi() is app.openapi()  # and described once
     document_limits(app)  # twice: still described once
