@@ -3,20 +3,32 @@
 The names a middleware user needs live here; the rest in their own modules
 (``ratelimit_mw.client``, ``ratelimit_mw.breaker``, ``ratelimit_mw.idempotency``,
 ``ratelimit_mw.policy``, ``ratelimit_mw.storage``, ...).
+
+Each name is imported on first use, so that ``import ratelimit_mw.client`` loads the
+retrying client without the server side (Starlette, redis-py, pydantic). Type checkers
+read the imports under ``typing.TYPE_CHECKING``, which a test keeps equal to ``_HOMES``.
 """
 
-from .errors import ConfigError, StorageError
-from .events import DecisionEvent
-from .idempotency import IdempotencyMiddleware
-from .identity import APIKey, AuthenticatedUser
-from .middleware import RateLimitMiddleware
-from .policy import Hit, Limit
-from .quota import quota_router
-from .responses import Denial
-from .routes import RouteRule, cost, exempt, limit
-from .settings import RateLimitSettings
-from .storage import MemoryStorage, RedisStorage, Storage, storage_from_url
-from .tiers import Tier, TierByAPIKey, TierFromHeader
+import importlib
+import typing
+
+__version__ = "0.1.0"
+
+if typing.TYPE_CHECKING:
+    from .errors import ConfigError, StorageError
+    from .events import DecisionEvent
+    from .idempotency import IdempotencyMiddleware
+    from .identity import APIKey, AuthenticatedUser
+    from .middleware import RateLimitMiddleware
+    from .policy import Hit, Limit
+    from .quota import quota_router
+    from .responses import Denial
+    from .routes import RouteRule, cost, exempt, limit
+    from .settings import RateLimitSettings
+    from .storage import MemoryStorage, RedisStorage, Storage, storage_from_url
+    from .tiers import Tier, TierByAPIKey, TierFromHeader
+
+    compiled: bool
 
 __all__ = [
     "APIKey",
@@ -37,9 +49,67 @@ __all__ = [
     "Tier",
     "TierByAPIKey",
     "TierFromHeader",
+    "compiled",
     "cost",
     "exempt",
     "limit",
     "quota_router",
     "storage_from_url",
 ]
+
+_HOMES = {
+    "APIKey": ".identity",
+    "AuthenticatedUser": ".identity",
+    "ConfigError": ".errors",
+    "DecisionEvent": ".events",
+    "Denial": ".responses",
+    "Hit": ".policy",
+    "IdempotencyMiddleware": ".idempotency",
+    "Limit": ".policy",
+    "MemoryStorage": ".storage",
+    "RateLimitMiddleware": ".middleware",
+    "RateLimitSettings": ".settings",
+    "RedisStorage": ".storage",
+    "RouteRule": ".routes",
+    "Storage": ".storage",
+    "StorageError": ".errors",
+    "Tier": ".tiers",
+    "TierByAPIKey": ".tiers",
+    "TierFromHeader": ".tiers",
+    "cost": ".routes",
+    "exempt": ".routes",
+    "limit": ".routes",
+    "quota_router": ".quota",
+    "storage_from_url": ".storage",
+}
+"""Where each public name is defined: the module imported when the name is first read."""
+
+
+def _is_compiled() -> bool:
+    """Whether this install's per-request modules are mypyc's extension modules."""
+    from importlib.machinery import EXTENSION_SUFFIXES
+    from importlib.util import find_spec
+
+    spec = find_spec(".middleware", __name__)
+    return spec is not None and (spec.origin or "").endswith(tuple(EXTENSION_SUFFIXES))
+
+
+def __getattr__(name: str) -> typing.Any:
+    if name == "compiled":
+        value: typing.Any = _is_compiled()
+    elif name in _HOMES:
+        try:
+            home = importlib.import_module(_HOMES[name], __name__)
+        except AttributeError as exc:  # from inside the module: not a missing name here
+            msg = f"importing {name!r} from {__name__}{_HOMES[name]} failed: {exc}"
+            raise ImportError(msg) from exc
+        value = getattr(home, name)
+    else:
+        msg = f"module {__name__!r} has no attribute {name!r}"
+        raise AttributeError(msg)
+    globals()[name] = value  # read once: later reads find it without this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

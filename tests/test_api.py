@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.metadata
 import inspect
+
+import pytest
 
 import ratelimit_mw
 
@@ -20,18 +24,53 @@ def test_all_is_sorted_and_unique() -> None:
 
 
 def test_every_exported_name_is_importable() -> None:
-    """Every name in __all__ is imported eagerly and is the object its module defines."""
+    """Every name in __all__ is importable and is the object its module defines."""
     for name in ratelimit_mw.__all__:
         value = getattr(ratelimit_mw, name)
+        if name == "compiled":
+            assert isinstance(value, bool)
+            continue
         home = importlib.import_module(value.__module__)
         assert getattr(home, name) is value, name
 
 
+def test_the_lazy_table_and_the_type_checking_imports_agree() -> None:
+    """The names imported on first use (``_HOMES``) are __all__ (but ``compiled``), and
+    each is imported from the same module under ``typing.TYPE_CHECKING``, where type checkers
+    and IDEs read them."""
+    tree = ast.parse(inspect.getsource(ratelimit_mw))
+    guarded = next(node for node in tree.body if isinstance(node, ast.If)
+                   and ast.unparse(node.test) == "typing.TYPE_CHECKING")
+    imported = {alias.name: "." * node.level + (node.module or "")
+                for node in guarded.body if isinstance(node, ast.ImportFrom)
+                for alias in node.names}
+    assert imported == ratelimit_mw._HOMES
+    assert sorted([*ratelimit_mw._HOMES, "compiled"]) == sorted(ratelimit_mw.__all__)
+
+
 def test_the_top_level_exports_nothing_else() -> None:
-    """Only the names in __all__ (and the subpackages) are public at the top level."""
+    """Only the names in __all__ (and the subpackages) are public at the top level, and
+    dir() lists every one of them before any is used."""
+    for name in ratelimit_mw.__all__:
+        getattr(ratelimit_mw, name)
     public = {name for name, value in vars(ratelimit_mw).items()
               if not name.startswith("_") and not inspect.ismodule(value)}
     assert public == set(ratelimit_mw.__all__)
+    assert set(ratelimit_mw.__all__) <= set(dir(ratelimit_mw))
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    """A name the package does not have: AttributeError naming it (so ``hasattr`` and
+    ``from ratelimit_mw import x`` behave as for any module)."""
+    with pytest.raises(AttributeError, match="'no_such_name'"):
+        ratelimit_mw.no_such_name  # noqa: B018
+    assert not hasattr(ratelimit_mw, "Limiter")
+
+
+def test_the_version_is_the_distributions() -> None:
+    """``__version__`` is the one place the version is written: the installed
+    distribution's metadata says the same."""
+    assert ratelimit_mw.__version__ == importlib.metadata.version("ratelimit_mw")
 
 
 def test_removed_spellings_are_gone() -> None:

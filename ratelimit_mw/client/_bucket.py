@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import math
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
+from . import _aio
 from ._testing import is_testing
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = ["LONGEST_PAUSE", "TokenBucket"]
 
@@ -96,7 +99,7 @@ class TokenBucket:
         *,
         adaptive: bool = False,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        sleep: Callable[[float], Awaitable[None]] = _aio.sleep,
         sleep_sync: Callable[[float], None] = time.sleep,
     ) -> None:
         if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate < math.inf:
@@ -148,6 +151,8 @@ class TokenBucket:
         self._check_amount(n)
         if is_testing():
             return True
+        import asyncio
+
         loop = asyncio.get_running_loop()
         woken: asyncio.Future[None] = loop.create_future()
         waiter = _Waiter(n, lambda: loop.call_soon_threadsafe(_resolve, woken))

@@ -3,7 +3,6 @@ replay or it carries an ``Idempotency-Key`` a server would honour."""
 
 from __future__ import annotations
 
-import uuid
 from typing import TYPE_CHECKING
 
 from ._http import classes
@@ -24,6 +23,8 @@ def add_idempotency_key(request: httpx.Request, policy: RetryPolicy) -> None:
         and request.method.upper() not in policy.retry_methods
         and not request.headers.get("idempotency-key", "").strip()
     ):
+        import uuid  # here, not at the top: uuid loads platform, a cost on every start-up
+
         request.headers["Idempotency-Key"] = str(uuid.uuid4())
 
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import random as _random
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from ..breaker import CircuitBreaker
+from . import _aio
 from ._attempts import Attempts, Retrying
 from ._bucket import TokenBucket
 from ._budget import RetryBudget
@@ -85,7 +85,7 @@ class RetryTransport(BaseTransport, AsyncBaseTransport):
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
-        async_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        async_sleep: Callable[[float], Awaitable[None]] = _aio.sleep,
         random: Callable[[], float] = _random.random,
         metrics: ClientMetrics | None = None,
     ) -> None:
