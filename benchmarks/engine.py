@@ -28,7 +28,7 @@ import redis.asyncio as aioredis
 from redis_count import ClientCommands  # benchmarks/ is on sys.path when run as a script
 
 from ratelimit_mw import Hit, Limit, MemoryStorage, RedisStorage
-from ratelimit_mw.policy import ALGORITHM_NAMES
+from ratelimit_mw.limits import ALGORITHM_NAMES
 
 PEERS = {  # our algorithm -> the limits strategy that does the same work
     "fixed_window": limits_strategies.FixedWindowRateLimiter,

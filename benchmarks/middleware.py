@@ -122,7 +122,7 @@ def create_app() -> Starlette:
             metrics=PrometheusMetrics(),
         )
     elif kind in ("memory-tier", "redis-tier"):
-        from ratelimit_mw.policy import Limit
+        from ratelimit_mw.limits import Limit
 
         tier = Tier("t", [
             Limit(f"{_HUGE}/minute", "token_bucket", burst=_HUGE, name="burst"),

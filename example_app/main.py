@@ -55,10 +55,10 @@ from ratelimit_mw.idempotency import (
     MemoryIdempotencyStore,
     RedisIdempotencyStore,
 )
+from ratelimit_mw.limits import Limit
 from ratelimit_mw.metrics import PrometheusMetrics
 from ratelimit_mw.openapi import document_limits
 from ratelimit_mw.overrides import Override, Overrides, admin_router, caller_key
-from ratelimit_mw.policy import Limit
 
 TIERS_FILE = Path(__file__).with_name("tiers.toml")
 API_KEYS = {

@@ -2,7 +2,7 @@
 
 The names a middleware user needs live here; the rest in their own modules
 (``ratelimit_mw.client``, ``ratelimit_mw.breaker``, ``ratelimit_mw.idempotency``,
-``ratelimit_mw.policy``, ``ratelimit_mw.storage``, ...).
+``ratelimit_mw.limits``, ``ratelimit_mw.storage``, ...).
 
 Each name is imported on first use, so that ``import ratelimit_mw.client`` loads the
 retrying client without the server side (Starlette, redis-py, pydantic). Type checkers
@@ -19,8 +19,8 @@ if typing.TYPE_CHECKING:
     from .events import DecisionEvent
     from .idempotency import IdempotencyMiddleware
     from .identity import APIKey, AuthenticatedUser
+    from .limits import Hit, Limit
     from .middleware import RateLimitMiddleware
-    from .policy import Hit, Limit
     from .quota import quota_router
     from .responses import Denial
     from .routes import RouteRule, cost, exempt, limit
@@ -63,9 +63,9 @@ _HOMES = {
     "ConfigError": ".errors",
     "DecisionEvent": ".events",
     "Denial": ".responses",
-    "Hit": ".policy",
+    "Hit": ".limits",
     "IdempotencyMiddleware": ".idempotency",
-    "Limit": ".policy",
+    "Limit": ".limits",
     "MemoryStorage": ".storage",
     "RateLimitMiddleware": ".middleware",
     "RateLimitSettings": ".settings",

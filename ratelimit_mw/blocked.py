@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 
 from .decision import Decision, Verdict
+from .limit_sets import LimitSet
 from .outcome import Outcome
-from .plans import Plan
 
 __all__ = ["Blocked", "BlockedKeys"]
 
@@ -34,8 +34,8 @@ class Blocked:
         gone = now - self.at
         at = self.verdict.at
         return Verdict(False, tuple(
-            Decision(d.allowed, d.limit, d.remaining, max(0.0, d.reset_after - gone),
-                     max(0.0, d.retry_after - gone), d.policy, d.scope)
+            Decision(d.allowed, d.quota, d.remaining, max(0.0, d.reset_after - gone),
+                     max(0.0, d.retry_after - gone), d.limit, d.scope)
             for d in self.verdict.decisions), (), None if at is None else at + gone)
 
 
@@ -46,16 +46,16 @@ class BlockedKeys:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._keys: dict[tuple[str, Plan], Blocked] = {}
+        self._keys: dict[tuple[str, LimitSet], Blocked] = {}
 
-    def get(self, key: str, plan: Plan, now: float) -> Blocked | None:
-        """The entry of ``key`` on ``plan`` if its denial still lasts at ``now``."""
-        blocked = self._keys.get((key, plan))
+    def get(self, key: str, limit_set: LimitSet, now: float) -> Blocked | None:
+        """The entry of ``key`` on ``limit_set`` if its denial still lasts at ``now``."""
+        blocked = self._keys.get((key, limit_set))
         if blocked is None:
             return None
         if now < blocked.until:
             return blocked
-        del self._keys[(key, plan)]
+        del self._keys[(key, limit_set)]
         return None
 
     def forget(self, key: str) -> None:
@@ -63,7 +63,7 @@ class BlockedKeys:
         for kept in [kept for kept in self._keys if kept[0] == key]:
             del self._keys[kept]
 
-    def keep(self, key: str, plan: Plan, verdict: Verdict, now: float) -> None:
+    def keep(self, key: str, limit_set: LimitSet, verdict: Verdict, now: float) -> None:
         """Remember a denial the shared storage made (``now``: when it answered, so
         that a Retry-After never points earlier than the real wait)."""
         if not math.isfinite(verdict.retry_after) or _slot_denied(verdict):
@@ -71,9 +71,9 @@ class BlockedKeys:
         keys = self._keys
         if len(keys) >= self.size:
             del keys[next(iter(keys))]
-        keys[(key, plan)] = Blocked(verdict, now)
+        keys[(key, limit_set)] = Blocked(verdict, now)
 
 
 def _slot_denied(verdict: Verdict) -> bool:
     """True when a concurrency slot is among what denied ``verdict``."""
-    return any(not d.allowed and d.policy.is_concurrency for d in verdict.decisions)
+    return any(not d.allowed and d.limit.is_concurrency for d in verdict.decisions)

@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from .policy import Hit, Limit
+from .limits import Hit, Limit
 
 __all__ = ["NEVER", "Decision", "Lease", "Verdict", "binding_of", "decision_from"]
 
@@ -24,11 +24,11 @@ class Decision(NamedTuple):
     """
 
     allowed: bool
-    limit: int
+    quota: int
     remaining: int
     reset_after: float
     retry_after: float
-    policy: Limit
+    limit: Limit
     scope: str = ""
 
     @property
@@ -38,7 +38,7 @@ class Decision(NamedTuple):
 
     def __str__(self) -> str:
         verb = "allowed" if self.allowed else "denied"
-        return (f"{verb} by {self.policy}: {self.remaining}/{self.limit} left, "
+        return (f"{verb} by {self.limit}: {self.remaining}/{self.quota} left, "
                 f"reset in {self.reset_after:g}s, retry in {self.retry_after:g}s")
 
 
@@ -96,7 +96,7 @@ def binding_of(decisions: Sequence[Decision], allowed: bool) -> Decision:
         return best if best is not None else decisions[0]
     best = decisions[0]
     for d in decisions:  # the first against itself changes nothing
-        slot, best_slot = d.policy.is_concurrency, best.policy.is_concurrency
+        slot, best_slot = d.limit.is_concurrency, best.limit.is_concurrency
         if (slot != best_slot and best_slot) or (slot == best_slot and (
                 d.remaining < best.remaining or (
                     d.remaining == best.remaining and d.reset_after < best.reset_after))):

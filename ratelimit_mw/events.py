@@ -46,7 +46,7 @@ def log_denial(key: str, tier: str, route: str, verdict: Verdict, *, shadow: boo
     if not _log.isEnabledFor(logging.INFO):
         return
     binding = verdict.binding
-    policy = binding.policy.name if binding is not None else ""
+    policy = binding.limit.name if binding is not None else ""
     retry = verdict.retry_after
     fields = {
         "event": "rate_limited",

@@ -21,8 +21,8 @@ from .checks import positive_seconds
 from .decision import Verdict
 from .errors import ConfigError, StorageError, describe_error
 from .events import Source
+from .limits import Hit
 from .metrics import Metrics, error_kind
-from .policy import Hit
 from .storage import MemoryStorage, Storage
 from .storage.faults import FailureCause, failure_cause
 

@@ -18,7 +18,7 @@ from mypy_extensions import mypyc_attr
 from .asgi import Header
 from .decision import Decision, Verdict, binding_of
 from .errors import ConfigError
-from .policy import Limit, PolicyKey
+from .limits import Limit, LimitKey
 
 __all__ = [
     "HEADER_STYLES",
@@ -149,30 +149,30 @@ class HeaderFormat:
         return [(b"ratelimit-policy", items.encode())]
 
     def dynamic(
-        self, verdict: Verdict, names: Mapping[PolicyKey, str], now: float, key: str = "",
+        self, verdict: Verdict, names: Mapping[LimitKey, str], now: float, key: str = "",
     ) -> list[Header]:
         """The per-request headers for ``verdict`` (``now`` in epoch seconds) of the
-        caller ``key``: of the limits ``names`` names (a plan's enforced limits), or of
+        caller ``key``: of the limits ``names`` names (a limit set's enforced limits), or of
         every limit when it names none."""
         decisions = verdict.decisions
         allowed = verdict.allowed
         if 0 < len(names) < len(decisions):
             # Shadow limits hold nobody back: a client must not pace itself by them.
-            decisions = tuple(d for d in decisions if (d.scope, d.policy) in names)
+            decisions = tuple(d for d in decisions if (d.scope, d.limit) in names)
             allowed = all(d.allowed for d in decisions)
         if not decisions:
             return []
         binding = binding_of(decisions, allowed)
         reset_after = binding.reset_after
-        if binding.policy.is_concurrency:
+        if binding.limit.is_concurrency:
             # A slot frees when some request ends: the retry hint, not the lease.
             reset_after = binding.retry_after
         out: list[Header] = []
         if self.legacy:
-            texts = _texts(binding.policy)
+            texts = _texts(binding.limit)
             limit, policy = texts[1], texts[2]
-            if binding.limit != binding.policy.capacity:  # a custom storage's own say
-                limit = (b"x-ratelimit-limit", b"%d" % binding.limit)
+            if binding.quota != binding.limit.capacity:  # a custom storage's own say
+                limit = (b"x-ratelimit-limit", b"%d" % binding.quota)
             out = [
                 limit,
                 (b"x-ratelimit-remaining", b"%d" % binding.remaining),
@@ -186,15 +186,15 @@ class HeaderFormat:
         elif ietf == "draft-7":
             out += (
                 (b"ratelimit", b"limit=%d, remaining=%d, reset=%d" % (
-                    binding.limit, binding.remaining, _ceil(reset_after))),
-                (b"ratelimit-policy", _texts(binding.policy)[3]),
+                    binding.quota, binding.remaining, _ceil(reset_after))),
+                (b"ratelimit-policy", _texts(binding.limit)[3]),
             )
         elif ietf == "draft-6":
             out += (
-                (b"ratelimit-limit", b"%d" % binding.limit),
+                (b"ratelimit-limit", b"%d" % binding.quota),
                 (b"ratelimit-remaining", b"%d" % binding.remaining),
                 (b"ratelimit-reset", b"%d" % _ceil(reset_after)),
-                (b"ratelimit-policy", _texts(binding.policy)[3]),
+                (b"ratelimit-policy", _texts(binding.limit)[3]),
             )
         return out
 
@@ -214,15 +214,15 @@ def _written(name: str) -> str:
 
 
 def _draft11(
-    decisions: Sequence[Decision], names: Mapping[PolicyKey, str], pk: str = "",
+    decisions: Sequence[Decision], names: Mapping[LimitKey, str], pk: str = "",
 ) -> bytes:
     """``"burst";r=50;t=30,"daily";r=999;t=86400``: every policy's remaining quota
     (a concurrency slot: free slots, ``t`` only while none is free), each item ending
     in ``pk`` (the partition key parameter, if any)."""
     parts = []
     for d in decisions:
-        name = _written(names.get((d.scope, d.policy)) or d.policy.name)
-        if d.policy.is_concurrency:
+        name = _written(names.get((d.scope, d.limit)) or d.limit.name)
+        if d.limit.is_concurrency:
             parts.append(f'"{name}";r={d.remaining}{pk}' if d.allowed else
                          f'"{name}";r={d.remaining};t={math.ceil(d.retry_after)}{pk}')
             continue

@@ -1,8 +1,8 @@
 """Deciding a request: who it counts for, which limits apply, and what the storage says.
 
 ``Limiter`` knows nothing of ASGI messages. From a request's scope it finds the caller
-(``Identity``) and the route's spec, takes the plan of the caller's tier on that
-route, and decides every limit of the plan in one storage call under the failure
+(``Identity``) and the route's spec, takes the limit set of the caller's tier on
+that route, and decides every limit of the set in one storage call under the failure
 policy, with shadow limits and the cache of blocked keys; it hands back an
 ``Outcome`` (the verdict, the headers to send, whether to refuse). The middleware
 sends it.
@@ -26,10 +26,10 @@ from .events import DecisionEvent, DecisionHook, Source, call_hook, log_denial
 from .failure import GuardedStorage
 from .headers import HeaderFormat
 from .identity import Caller, Identity
+from .limit_sets import LimitSet, LimitSets, enforced_denial, with_shadowed
+from .limits import Limit
 from .metrics import Metrics
 from .outcome import Charge, Outcome
-from .plans import Plan, Plans, enforced_denial, with_shadowed
-from .policy import Limit
 from .responses import iso_utc, json_body
 from .route_table import RouteTable
 from .routes import NO_ROUTE, RouteRule, RouteSpec
@@ -68,9 +68,23 @@ class Limiter:
     ``charge`` and ``decide``.
     """
 
-    __slots__ = ("_blocked", "_format", "_on_decision", "_remade", "_route_cache", "_shadow",
-                 "_usage", "clock", "guarded", "identity", "overrides", "plans", "routes",
-                 "settings", "storage")
+    __slots__ = (
+        "_blocked",
+        "_format",
+        "_on_decision",
+        "_remade",
+        "_route_cache",
+        "_shadow",
+        "_usage",
+        "clock",
+        "guarded",
+        "identity",
+        "limit_sets",
+        "overrides",
+        "routes",
+        "settings",
+        "storage",
+    )
 
     def __init__(
         self, app: ASGIApp, settings: RateLimitSettings, *, storage: Storage,
@@ -98,8 +112,8 @@ class Limiter:
         # The table's own cache, read here first: the table is interpreted code, and a
         # call into it costs more than the look-up.
         self._route_cache: dict[tuple[str, ...], RouteSpec] = self.routes.cache
-        self.plans = Plans(self._format, settings.concurrency_lease)
-        self.plans.check(identity.tiers.tiers.values(), self.routes.known_specs())
+        self.limit_sets = LimitSets(self._format, settings.concurrency_lease)
+        self.limit_sets.check(identity.tiers.tiers.values(), self.routes.known_specs())
         # Only denials of a shared storage are kept: one in this process answers as fast.
         self._blocked = BlockedKeys(0 if settings.shadow else settings.blocked_cache_size)
         # Per-caller tiers, limits and blocks set at run time (``ratelimit_mw.overrides``).
@@ -127,21 +141,21 @@ class Limiter:
                 return Caller(caller.key, applied.tier_for(caller.tier))
         return caller
 
-    def plan_for(self, tier: Tier, key: str | None = None) -> Plan:
-        """The plan of ``tier`` (of the caller ``key``, whose override applies) on a route
+    def limit_set_for(self, tier: Tier, key: str | None = None) -> LimitSet:
+        """The limit set of ``tier`` (of the caller ``key``, whose override applies) on a route
         without limits of its own (quota reports)."""
         if key is None:
-            return self.plans.get(tier, NO_ROUTE)
-        return self._plan(key, tier, NO_ROUTE)
+            return self.limit_sets.get(tier, NO_ROUTE)
+        return self._limit_set(key, tier, NO_ROUTE)
 
-    def _plan(self, key: str, tier: Tier, route: RouteSpec) -> Plan:
-        """The plan of ``tier`` on ``route``, or the caller's override where one applies."""
+    def _limit_set(self, key: str, tier: Tier, route: RouteSpec) -> LimitSet:
+        """The limit set of ``tier`` on ``route``, or the caller's override where one applies."""
         overrides = self.overrides
         if overrides is not None:
             applied = overrides.find(key)
             if applied is not None:
-                return applied.plan(tier, route, self.plans)
-        return self.plans.get(tier, route)
+                return applied.limit_set(tier, route, self.limit_sets)
+        return self.limit_sets.get(tier, route)
 
     @property
     def retry_after(self) -> int:
@@ -165,7 +179,7 @@ class Limiter:
         key = identity.key_now(scope)
         if key is None:
             return None
-        return key, self._plan(key, identity.tier_now(scope), route)
+        return key, self._limit_set(key, identity.tier_now(scope), route)
 
     async def charge(self, scope: Scope) -> Charge | None:
         """What ``scope`` counts against; None when it is not limited (an exempt route,
@@ -177,69 +191,69 @@ class Limiter:
         key = await identity.key_of(scope)
         if key is None:
             return None
-        return key, self._plan(key, await identity.tier_of(scope), route)
+        return key, self._limit_set(key, await identity.tier_of(scope), route)
 
     def decide_now(self, charge: Charge) -> Outcome | None:
         """The outcome, if the storage decides without awaiting; else None (``decide``)."""
-        key, plan = charge
-        if plan.blocked_until:
-            return self._from_override_block(key, plan)
+        key, limit_set = charge
+        if limit_set.blocked_until:
+            return self._from_override_block(key, limit_set)
         storage = self.storage
-        usage = self._usage and plan.route.cost
-        verdict = storage.decide_now(key, plan.hits, usage)
+        usage = self._usage and limit_set.route.cost
+        verdict = storage.decide_now(key, limit_set.hits, usage)
         if verdict is None:
             return None
-        if not verdict.allowed and plan.shadow_only(verdict):
+        if not verdict.allowed and limit_set.shadow_only(verdict):
             verdict = with_shadowed(
-                plan, verdict, storage.decide_now(key, plan.enforced, usage))
+                limit_set, verdict, storage.decide_now(key, limit_set.enforced, usage))
         seen = verdict
-        verdict, refused = self._as_reported(plan, verdict)
+        verdict, refused = self._as_reported(limit_set, verdict)
         now = verdict.at if verdict.at is not None else self.clock()
-        return self._finish(key, plan, verdict, "storage", refused, now, seen=seen)
+        return self._finish(key, limit_set, verdict, "storage", refused, now, seen=seen)
 
     async def decide(self, charge: Charge) -> Outcome:
         """The outcome, from the storage under the failure policy (or the cache of
         blocked keys)."""
-        key, plan = charge
-        if plan.blocked_until:
-            return self._from_override_block(key, plan)
+        key, limit_set = charge
+        if limit_set.blocked_until:
+            return self._from_override_block(key, limit_set)
         now = self.clock()
         if self._blocked.size:
-            blocked = self._blocked.get(key, plan, now)
+            blocked = self._blocked.get(key, limit_set, now)
             if blocked is not None:
-                return self._from_blocked(key, plan, blocked, now)
+                return self._from_blocked(key, limit_set, blocked, now)
         guarded = self.guarded
-        usage = self._usage and plan.route.cost
-        verdict, source = await guarded.decide(key, plan.hits, usage=usage)
+        usage = self._usage and limit_set.route.cost
+        verdict, source = await guarded.decide(key, limit_set.hits, usage=usage)
         # Closed: nothing is admitted undecided; but shadow mode never refuses.
         closed = guarded.mode == "closed" and not self._shadow
         if verdict is None:
-            return self._finish(key, plan, None, source, closed, now)
-        if not verdict.allowed and plan.shadow_only(verdict):
+            return self._finish(key, limit_set, None, source, closed, now)
+        if not verdict.allowed and limit_set.shadow_only(verdict):
             # A denial consumes nothing: without a second call, a request let through by
             # a shadow limit would not count against the limits that do block.
-            enforced, source = await guarded.decide(key, plan.enforced, usage=usage)
+            enforced, source = await guarded.decide(key, limit_set.enforced, usage=usage)
             if enforced is None and closed:
-                return self._finish(key, plan, None, source, True, now)
-            verdict = with_shadowed(plan, verdict, enforced)
+                return self._finish(key, limit_set, None, source, True, now)
+            verdict = with_shadowed(limit_set, verdict, enforced)
         seen = verdict  # for the metrics hook, shadow denials included
-        verdict, refused = self._as_reported(plan, verdict)
+        verdict, refused = self._as_reported(limit_set, verdict)
         # Only the shared storage's denials are kept: a fallback's are local guesses.
         if refused and self._blocked.size and source == "storage":
             # From the clock after the answer: the wait began at most then, and a
             # Retry-After counted from before the round trip would point too early.
-            self._blocked.keep(key, plan, verdict, self.clock())
-        return self._finish(key, plan, verdict, source, refused, now, seen=seen)
+            self._blocked.keep(key, limit_set, verdict, self.clock())
+        return self._finish(key, limit_set, verdict, source, refused, now, seen=seen)
 
-    def _as_reported(self, plan: Plan, verdict: Verdict) -> tuple[Verdict, bool]:
+    def _as_reported(self, limit_set: LimitSet, verdict: Verdict) -> tuple[Verdict, bool]:
         """The verdict as the client is told it, and whether the request is refused (a
         real denial reports only what the enforced limits say)."""
         refused = not verdict.allowed and not self._shadow
-        if refused and plan.shadow:
-            return enforced_denial(plan, verdict), True
+        if refused and limit_set.shadow:
+            return enforced_denial(limit_set, verdict), True
         return verdict, refused
 
-    def _from_blocked(self, key: str, plan: Plan, blocked: Blocked, now: float) -> Outcome:
+    def _from_blocked(self, key: str, limit_set: LimitSet, blocked: Blocked, now: float) -> Outcome:
         """The answer for a key known to be over its limit, without the storage.
 
         The rendered 429 is reused while its Retry-After stays the same, so a client
@@ -248,28 +262,28 @@ class Limiter:
         wait = math.ceil(blocked.until - now)
         outcome = blocked.outcome
         if outcome is None or blocked.wait != wait or self._remade:
-            outcome = self._finish(key, plan, blocked.verdict_at(now), "blocked", True, now)
+            outcome = self._finish(key, limit_set, blocked.verdict_at(now), "blocked", True, now)
             blocked.outcome, blocked.wait = outcome, wait
             return outcome
         verdict = outcome.verdict
         assert verdict is not None  # a blocked outcome always holds its verdict
-        log_denial(key, plan.tier.name, plan.route.label, verdict, shadow=False,
+        log_denial(key, limit_set.tier.name, limit_set.route.label, verdict, shadow=False,
                    source="blocked")
         if self._on_decision is not None:
             call_hook(self._on_decision, DecisionEvent(
-                key, plan.tier.name, plan.route.label, "blocked", verdict, True, False))
+                key, limit_set.tier.name, limit_set.route.label, "blocked", verdict, True, False))
         return outcome
 
-    def _from_override_block(self, key: str, plan: Plan) -> Outcome:
+    def _from_override_block(self, key: str, limit_set: LimitSet) -> Outcome:
         """The 429 of a caller an override blocks: every limit spent until the block
         ends, ``Retry-After`` pointing there, without asking the storage."""
         now = self.clock()
-        wait = max(1, math.ceil(plan.blocked_until - now))
+        wait = max(1, math.ceil(limit_set.blocked_until - now))
         verdict = Verdict(False, tuple(
             Decision(False, hit.limit.capacity, 0, wait, wait, hit.limit, hit.scope)
-            for hit in plan.hits) or (Decision(False, 0, 0, wait, wait, _BLOCK),), (), now)
-        outcome = self._finish(key, plan, verdict, "override", not self._shadow, now)
-        if not plan.hits:
+            for hit in limit_set.hits) or (Decision(False, 0, 0, wait, wait, _BLOCK),), (), now)
+        outcome = self._finish(key, limit_set, verdict, "override", not self._shadow, now)
+        if not limit_set.hits:
             outcome.headers = []  # no limit to report: Retry-After alone says it
         if outcome.refused and not self._remade:  # else the app's on_denied answers
             until = iso_utc(now + wait)
@@ -281,7 +295,7 @@ class Limiter:
                                 [*outcome.headers, (b"retry-after", str(wait).encode())])
         return outcome
 
-    def _finish(self, key: str, plan: Plan, verdict: Verdict | None, source: Source,
+    def _finish(self, key: str, limit_set: LimitSet, verdict: Verdict | None, source: Source,
                 refused: bool, now: float, *, seen: Verdict | None = None) -> Outcome:
         """Headers, the denial log line and the metrics hook, for one decision.
 
@@ -298,15 +312,15 @@ class Limiter:
                 # Redis, the server's, so app servers with skewed clocks report the same.
                 now = verdict.at
             if self._format:
-                headers = self._format.dynamic(verdict, plan.names, now, key)
-                if plan.static_headers:
-                    headers = [*plan.static_headers, *headers]
+                headers = self._format.dynamic(verdict, limit_set.names, now, key)
+                if limit_set.static_headers:
+                    headers = [*limit_set.static_headers, *headers]
             if not verdict.allowed:
-                log_denial(key, plan.tier.name, plan.route.label, verdict,
+                log_denial(key, limit_set.tier.name, limit_set.route.label, verdict,
                            shadow=not refused, source=source)
-            elif plan.shadow and not all(d.allowed for d in verdict.decisions):
+            elif limit_set.shadow and not all(d.allowed for d in verdict.decisions):
                 # Only shadow limits denied: a shadow denial, logged, let through.
-                log_denial(key, plan.tier.name, plan.route.label, Verdict(False, tuple(
+                log_denial(key, limit_set.tier.name, limit_set.route.label, Verdict(False, tuple(
                     d for d in verdict.decisions if not d.allowed)), shadow=True, source=source)
         if self._on_decision is not None:
             # A shadow denial: a limit denied (global shadow mode, or a shadow limit of
@@ -314,5 +328,5 @@ class Limiter:
             shadow = (not refused and seen is not None
                       and not all(d.allowed for d in seen.decisions))
             call_hook(self._on_decision, DecisionEvent(
-                key, plan.tier.name, plan.route.label, source, seen, refused, shadow))
-        return Outcome(key, plan, verdict, source, refused, headers, now)
+                key, limit_set.tier.name, limit_set.route.label, source, seen, refused, shadow))
+        return Outcome(key, limit_set, verdict, source, refused, headers, now)

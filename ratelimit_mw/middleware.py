@@ -166,7 +166,7 @@ class RateLimitMiddleware:
         """Run the app while the request holds concurrency slots (see ``ReleasingSlots``
         for when they go back), renewed while it runs."""
         headers, source = outcome.headers, outcome.source
-        self.slots.hold(leases, source, outcome.plan.tier.name)
+        self.slots.hold(leases, source, outcome.limit_set.tier.name)
         sending = ReleasingSlots(send, headers, self.slots, leases, source,
                                  scope["method"] == "HEAD")
         watch = DisconnectWatch(receive, sending.release_soon, self._watches)
@@ -217,9 +217,9 @@ class RateLimitMiddleware:
             headers.append((b"retry-after", retry_after))
         binding = verdict.binding
         assert binding is not None  # a denial always has a denying decision
-        plan = outcome.plan
-        denial = Denial(outcome.key, plan.tier.name, plan.route.label, verdict, binding,
-                        outcome.now, tuple(plan.names.get((d.scope, d.policy), d.policy.name)
+        limit_set = outcome.limit_set
+        denial = Denial(outcome.key, limit_set.tier.name, limit_set.route.label, verdict, binding,
+                        outcome.now, tuple(limit_set.names.get((d.scope, d.limit), d.limit.name)
                                            for d in verdict.decisions if not d.allowed))
         if self._on_denied is None:
             content_type, body = denial_body(denial, self.settings.response_format)
@@ -261,7 +261,7 @@ class RateLimitMiddleware:
             return
         # A websocket holds its slot while it is connected, its lease renewed meanwhile.
         leases, source = verdict.leases, outcome.source
-        self.slots.hold(leases, source, outcome.plan.tier.name)
+        self.slots.hold(leases, source, outcome.limit_set.tier.name)
         try:  # not a finally: see _holding_slots
             await self.app(scope, receive, send)
         except BaseException as exc:

@@ -5,13 +5,13 @@ from __future__ import annotations
 from .asgi import Header
 from .decision import Verdict
 from .events import Source
-from .plans import Plan
+from .limit_sets import LimitSet
 
 __all__ = ["Charge", "Outcome"]
 
 
-Charge = tuple[str, Plan]
-"""What a request counts against: its caller's key, and the plan of limits."""
+Charge = tuple[str, LimitSet]
+"""What a request counts against: its caller's key, and its limit set."""
 
 
 class Outcome:
@@ -19,12 +19,12 @@ class Outcome:
     decide), where it came from, whether the request is refused, and the headers to
     send."""
 
-    __slots__ = ("headers", "key", "now", "plan", "refused", "response", "source", "verdict")
+    __slots__ = ("headers", "key", "limit_set", "now", "refused", "response", "source", "verdict")
 
-    def __init__(self, key: str, plan: Plan, verdict: Verdict | None, source: Source,
+    def __init__(self, key: str, limit_set: LimitSet, verdict: Verdict | None, source: Source,
                  refused: bool, headers: list[Header], now: float) -> None:
         self.key = key
-        self.plan = plan
+        self.limit_set = limit_set
         self.verdict = verdict
         self.source = source
         self.refused = refused

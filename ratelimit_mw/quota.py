@@ -172,12 +172,12 @@ class _QuotaEndpoints:
         limiter, caller = await self._caller(request)
         if caller is None:
             return self._unauthorized()
-        plan = limiter.plan_for(caller.tier, caller.key)
+        limit_set = limiter.limit_set_for(caller.tier, caller.key)
         now = limiter.clock()
         storage = limiter.storage
         try:
-            peek = await limiter.read(lambda: storage.peek(caller.key, plan.hits)
-                               ) if plan.hits else None
+            peek = await limiter.read(lambda: storage.peek(caller.key, limit_set.hits)
+                               ) if limit_set.hits else None
             today: int | None = None
             if limiter.settings.quota_history:
                 # Days around ours: the storage stops at its own today (Redis's clock),
@@ -192,9 +192,9 @@ class _QuotaEndpoints:
         label, _, month_end = _month(now)
         report = _Report()
         for decision in peek.decisions if peek is not None else ():
-            # A route's own limits are not part of the plan; a shadow limit is only
+            # A route's own limits are not the tier's; a shadow limit is only
             # being tried out, and holds nobody back.
-            if not decision.scope and (decision.scope, decision.policy) not in plan.shadow:
+            if not decision.scope and (decision.scope, decision.limit) not in limit_set.shadow:
                 report.add(decision)
         usage: dict[str, int | None] = {
             "requests_today": today if today is not None else report.counted.get("day"),
@@ -253,7 +253,7 @@ class _QuotaEndpoints:
 
 
 class _Report:
-    """The plan's limits and what each counts now, gathered from a peek."""
+    """The tier's limits and what each counts now, gathered from a peek."""
 
     __slots__ = ("burst", "concurrency", "counted", "limits")
 
@@ -264,8 +264,8 @@ class _Report:
         self.concurrency: dict[str, int] | None = None
 
     def add(self, decision: Decision) -> None:
-        limit = decision.policy
-        used = max(0, decision.limit - decision.remaining)
+        limit = decision.limit
+        used = max(0, decision.quota - decision.remaining)
         if limit.is_concurrency:
             self.concurrency = {"limit": limit.capacity, "in_flight": used}
             return

@@ -73,11 +73,11 @@ def check_format(value: str) -> ResponseFormat:
 def _per(decision: Decision) -> str:
     """``100 requests per minute``; ``10 requests per minute (bursts of up to 20)`` for
     a bucket whose burst is not its rate (the body's ``limit`` is the burst)."""
-    rate = decision.policy.rate
+    rate = decision.limit.rate
     noun = "request" if rate.amount == 1 else "requests"
     per = f"{rate.amount} {noun} per {str(rate).split('/', 1)[1]}"
-    if decision.limit != rate.amount:
-        per += f" (bursts of up to {decision.limit})"
+    if decision.quota != rate.amount:
+        per += f" (bursts of up to {decision.quota})"
     return per
 
 
@@ -97,9 +97,9 @@ def denial_body(denial: Denial, fmt: ResponseFormat = "json") -> tuple[bytes, by
     decision = denial.decision
     wait = denial.retry_after
     retry = math.ceil(wait) if math.isfinite(wait) else None
-    concurrent = decision.policy.is_concurrency
+    concurrent = decision.limit.is_concurrency
     if concurrent:
-        message = (f"Too many requests in flight. You may have at most {decision.limit} "
+        message = (f"Too many requests in flight. You may have at most {decision.quota} "
                    f"concurrent requests.")
     elif retry is None:
         message = (f"This request can never be admitted: it costs more than the limit of "
@@ -108,8 +108,8 @@ def denial_body(denial: Denial, fmt: ResponseFormat = "json") -> tuple[bytes, by
         message = f"Too many requests. You have exceeded {_per(decision)}."
     fields: dict[str, object] = {
         "retry_after_seconds": retry,
-        "limit": decision.limit,
-        "window": None if concurrent else _window(decision.policy.period_us),
+        "limit": decision.quota,
+        "window": None if concurrent else _window(decision.limit.period_us),
         "reset_at": None if retry is None else iso_utc(math.ceil(denial.now + wait)),
     }
     if fmt == "problem+json":

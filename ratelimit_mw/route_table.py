@@ -14,7 +14,7 @@ from typing import Any
 from starlette.types import ASGIApp, Scope
 
 from .app_routes import find_router, has_hosts, match_route, unreachable_patterns, walk_routes
-from .policy import Hit
+from .limits import Hit
 from .routes import EXEMPT, NO_ROUTE, RouteLimit, RouteRule, RouteSpec, marks_on
 
 __all__ = ["RouteTable", "dependency_calls"]
@@ -147,7 +147,7 @@ _UNLIMITED: dict[str, RouteSpec] = {}
 
 def _unlimited(label: str) -> RouteSpec:
     """The one spec of each route template without limits of its own (so that its
-    requests share a plan, and metrics and logs still name their route)."""
+    requests share a limit set, and metrics and logs still name their route)."""
     spec = _UNLIMITED.get(label)
     if spec is None:
         spec = _UNLIMITED[label] = RouteSpec(label) if label else NO_ROUTE

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from .checks import is_token
 from .errors import ConfigError
-from .policy import Hit, Limit, as_limits
+from .limits import Hit, Limit, as_limits
 
 __all__ = ["RouteLimit", "RouteRule", "RouteSpec", "cost", "exempt", "limit"]
 

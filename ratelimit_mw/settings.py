@@ -61,7 +61,7 @@ from .client_ip import TrustedProxies, check_forwarded_header
 from .errors import ConfigError
 from .failure import FailureMode, check_mode
 from .headers import parse_header_style
-from .policy import Limit
+from .limits import Limit
 from .responses import check_format
 from .routes import RouteRule
 from .storage import check_storage_url
@@ -93,7 +93,7 @@ LimitsField = str | list[str | LimitConfig]
 
 
 def _limits(value: LimitsField, algorithm: str) -> list[Limit | str]:
-    from .policy import as_limits
+    from .limits import as_limits
 
     items = [value] if isinstance(value, str) else value
     out: list[Limit | str] = []

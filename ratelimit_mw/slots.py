@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from .decision import Lease
 from .errors import describe_error
 from .events import Source
+from .limits import Limit
 from .metrics import Metrics
-from .policy import Limit
 from .storage import Storage
 
 __all__ = ["Slots"]

@@ -1,4 +1,4 @@
-"""Tiers (plans): named sets of limits, and the resolvers that pick one per request."""
+"""Tiers: named sets of limits, and the resolvers that pick one per request."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from .asgi import first_header_value
 from .checks import header_name
 from .client_ip import TrustedProxies
 from .errors import ConfigError
-from .policy import Hit, Limit, as_limits
+from .limits import Hit, Limit, as_limits
 
 __all__ = ["Tier", "TierByAPIKey", "TierFromHeader", "TierResolver", "TierTable"]
 
@@ -24,7 +24,7 @@ _log = logging.getLogger("ratelimit_mw")
 
 @dataclass(frozen=True, slots=True)
 class Tier:
-    """A plan: the limits every request of its clients counts against.
+    """A tier: the limits every request of its callers counts against.
 
     ``shadow`` names limits that are decided, reported and logged but never block.
     ``concurrency`` caps the requests in flight per key: a slot is taken with the
@@ -169,12 +169,12 @@ class TierFromHeader:
 
 
 class TierByAPIKey:
-    """The plan of the API key in ``header``: ``{"key-abc": "pro"}``; others get the default."""
+    """The tier of the API key in ``header``: ``{"key-abc": "pro"}``; others get the default."""
 
     __slots__ = ("_keys", "_name", "header")
 
-    def __init__(self, plans: Mapping[str, str], header: object = "x-api-key") -> None:
-        self._keys = dict(plans)
+    def __init__(self, tiers: Mapping[str, str], header: object = "x-api-key") -> None:
+        self._keys = dict(tiers)
         self.header = header_name(header, "the API key header")
         self._name = self.header.encode("latin-1")
 

@@ -75,10 +75,13 @@ def test_the_version_is_the_distributions() -> None:
 
 def test_removed_spellings_are_gone() -> None:
     """Each thing has one spelling: the old alternatives are not importable."""
-    from ratelimit_mw import policy, quota, rates
+    from ratelimit_mw import limits, quota, rates
 
     assert not hasattr(ratelimit_mw.Limit, "parse")
-    assert not hasattr(policy, "limits_from") and not hasattr(rates, "parse_rates")
+    assert not hasattr(limits, "limits_from") and not hasattr(rates, "parse_rates")
+    for old in ("ratelimit_mw.policy", "ratelimit_mw.plans"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
     assert not hasattr(quota, "quota_routes") and not hasattr(quota, "QuotaEndpoints")
 
 
@@ -91,7 +94,7 @@ def test_modules_import_cleanly() -> None:
 
 def test_the_limit_decorator_is_not_shadowed_by_a_module() -> None:
     """``from ratelimit_mw import limit`` is the decorator, whatever was imported before."""
-    import ratelimit_mw.policy  # noqa: F401 - a submodule import must not shadow the name
+    import ratelimit_mw.limits  # noqa: F401 - a submodule import must not shadow the name
     from ratelimit_mw import limit
     from ratelimit_mw.routes import limit as decorator
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..policy import AlgorithmName, Limit
+from ..limits import AlgorithmName, Limit
 from . import (
     calendar_month,
     concurrency,

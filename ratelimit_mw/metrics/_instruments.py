@@ -52,11 +52,11 @@ def policy_of(event: DecisionEvent) -> str:
     verdict = event.verdict
     binding = verdict.binding if verdict is not None else None
     if binding is not None:
-        return binding.policy.name
+        return binding.limit.name
     if verdict is not None:  # a shadow denial: the first limit that said no
         for decision in verdict.decisions:
             if not decision.allowed:
-                return decision.policy.name
+                return decision.limit.name
     return ""
 
 

@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from ..headers import HeaderStyle
-from ..policy import Limit
+from ..limits import Limit
 
 __all__ = [
     "HEADERS",

@@ -152,15 +152,16 @@ class _Limits:
         spec = self.specs.get((method, path))
         if spec is None or spec.exempt:
             return []
-        plans = [self.limiter.plans.get(tier, spec) for tier in self.limiter.tiers.tiers.values()]
-        if not any(plan.hits for plan in plans):
+        limit_sets = [self.limiter.limit_sets.get(tier, spec)
+                      for tier in self.limiter.tiers.tiers.values()]
+        if not any(limit_set.hits for limit_set in limit_sets):
             return []
         refs = {name: ref("headers", name) for name in self.headers}
         for response in own:
             for name, header in refs.items():
                 add_header(response, name, header)
         shadow = self.settings.shadow
-        if not shadow and any(plan.enforced for plan in plans):
+        if not shadow and any(limit_set.enforced for limit_set in limit_sets):
             self._too_many(operation, refs)
         limits = [limit_info(hit.limit.name, hit.limit, shadow=hit in spec.shadow)
                   for hit in spec.hits]

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..identity import _digest
-from ..policy import Limit, as_limits
+from ..limits import Limit, as_limits
 from ..tiers import Tier
 
 __all__ = ["MAX_CALLER", "Override", "OverrideError", "caller_key", "limits_from_json"]

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..errors import ConfigError, StorageError
-from ..plans import Plan, Plans
+from ..limit_sets import LimitSet, LimitSets
 from ..routes import RouteSpec
 from ..tiers import Tier, TierTable
 from .model import Override, OverrideError
@@ -36,31 +36,31 @@ _CALL_TIMEOUT = 5.0  # seconds any one call to the store may take before it coun
 
 class Applied:
     """An override as this process applies it: the tier it gives (None: the caller's
-    own, for a block) and the plans made for it, per tier and route."""
+    own, for a block) and the limit sets made for it, per tier and route."""
 
-    __slots__ = ("_plans", "blocked_until", "ends_at", "override", "tier")
+    __slots__ = ("_limit_sets", "blocked_until", "ends_at", "override", "tier")
 
     def __init__(self, override: Override, tier: Tier | None) -> None:
         self.override = override
         self.tier = tier
         self.ends_at = override.ends_at
         self.blocked_until = override.blocked_until or 0.0
-        self._plans: dict[tuple[str, RouteSpec], Plan] = {}
+        self._limit_sets: dict[tuple[str, RouteSpec], LimitSet] = {}
 
     def tier_for(self, own: Tier) -> Tier:
         """The tier a caller whose own tier is ``own`` counts on."""
         return self.tier if self.tier is not None else own
 
-    def plan(self, own: Tier, route: RouteSpec, plans: Plans) -> Plan:
-        """The plan of a request on ``route`` by a caller whose own tier is ``own``."""
+    def limit_set(self, own: Tier, route: RouteSpec, limit_sets: LimitSets) -> LimitSet:
+        """The limit set of a request on ``route`` by a caller whose own tier is ``own``."""
         tier = self.tier if self.tier is not None else own
-        plan = self._plans.get((tier.name, route))
-        if plan is None or plan.tier is not tier:
-            plan = plans.make(tier, route)
+        limit_set = self._limit_sets.get((tier.name, route))
+        if limit_set is None or limit_set.tier is not tier:
+            limit_set = limit_sets.make(tier, route)
             if self.blocked_until:
-                plan = dataclasses.replace(plan, blocked_until=self.blocked_until)
-            self._plans[(tier.name, route)] = plan
-        return plan
+                limit_set = dataclasses.replace(limit_set, blocked_until=self.blocked_until)
+            self._limit_sets[(tier.name, route)] = limit_set
+        return limit_set
 
 
 class Overrides:

@@ -14,7 +14,7 @@ from ..algorithms import run
 from ..algorithms.concurrency import renewed, with_lease, without_lease
 from ..decision import Lease, Verdict, decision_from
 from ..errors import ConfigError
-from ..policy import Hit, merge_hits
+from ..limits import Hit, merge_hits
 from ..rates import MAX_AMOUNT
 from .base import (
     BUCKET_SECONDS,
@@ -140,7 +140,7 @@ class MemoryStorage(Storage):
             return self._decide_one(key, entry, hits[0], now, usage)
         hits = merge_hits(hits)
         kept = entry if entry is not None else _EMPTY
-        # Where each hit's cell is in the entry (-1: none yet). A plan keeps its cells in
+        # Where each hit's cell is in the entry (-1: none yet). A limit set keeps its cells in
         # the order of its hits, so the cell after the last one found is tried first.
         spots: list[int] = []
         steps = []

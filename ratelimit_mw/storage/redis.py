@@ -15,7 +15,7 @@ from redis.commands.core import AsyncScript
 
 from ..decision import Lease, Verdict, decision_from
 from ..errors import ConfigError, StorageError
-from ..policy import Hit, MergedHits, merge_hits
+from ..limits import Hit, MergedHits, merge_hits
 from ..rates import MAX_AMOUNT
 from .base import (
     DEFAULT_MAX_CONNECTIONS,
@@ -34,11 +34,11 @@ from .renewals import renew_leases
 from .scripts import decide_script_source, lua_source
 from .usage_reads import read_usage
 from .warmup import WARM_CONNECTIONS, pack_command, probe_commands, warm_client, warm_cluster
-from .wire import PackedPlan, pack_plan, pack_release, pack_script_load, slots_taken
+from .wire import PackedHits, pack_hits, pack_release, pack_script_load, slots_taken
 
 __all__ = ["RedisStorage", "decide_script_source"]
 
-_CACHED = 4096  # packed plans and tags kept per storage (then forgotten at once)
+_CACHED = 4096  # packed hit lists and tags kept per storage (then forgotten at once)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -51,9 +51,9 @@ class RedisStorage(Storage):
     Errors are raised as ``StorageError``; what to do then is the caller's policy.
     """
 
-    __slots__ = ("_client", "_clock", "_cold", "_encode", "_owns_client", "_pipeline", "_plans",
-                 "_renew_script", "_script", "_socket_timeout", "_tags", "_usage_args",
-                 "connect_timeout", "pipeline", "prefix", "retention", "timeout")
+    __slots__ = ("_client", "_clock", "_cold", "_encode", "_owns_client", "_packed_hits",
+                 "_pipeline", "_renew_script", "_script", "_socket_timeout", "_tags",
+                 "_usage_args", "connect_timeout", "pipeline", "prefix", "retention", "timeout")
 
     def __init__(
         self,
@@ -87,7 +87,7 @@ class RedisStorage(Storage):
         socket_timeout = kwargs.get("socket_timeout") if self.pipeline else None
         self._socket_timeout: float | None = (
             float(socket_timeout) if isinstance(socket_timeout, int | float) else None)
-        self._plans: dict[int, tuple[Sequence[Hit], bool, PackedPlan]] = {}
+        self._packed_hits: dict[int, tuple[Sequence[Hit], bool, PackedHits]] = {}
         self._tags: dict[str, bytes] = {}
         self._client = client
         self._owns_client = owns_client
@@ -156,11 +156,11 @@ class RedisStorage(Storage):
             wait = self._connecting_wait(wait)
         try:
             if self.pipeline:
-                plan = self._packed(hits, bool(usage))
-                slots = plan.slots
+                packed = self._packed(hits, bool(usage))
+                slots = packed.slots
                 lease_id = new_lease_id() if slots else ""
-                command = plan.command(self._packed_tag(key), clock.encode(), lease_id.encode(),
-                                       self._usage_arg(usage) if usage else b"")
+                command = packed.command(self._packed_tag(key), clock.encode(), lease_id.encode(),
+                                         self._usage_arg(usage) if usage else b"")
                 reply = await self._queue("decide", command, wait,
                                           (key, slots, lease_id) if slots else None)
             else:
@@ -227,19 +227,19 @@ class RedisStorage(Storage):
             return timeout
         return self.timeout if timeout is None else min(timeout, self.timeout)
 
-    def _packed(self, hits: Sequence[Hit], usage: bool) -> PackedPlan:
-        """What the decisions of ``hits`` share on the wire. A plan's merged hits (never
+    def _packed(self, hits: Sequence[Hit], usage: bool) -> PackedHits:
+        """What the decisions of ``hits`` share on the wire. A limit set's merged hits (never
         changed, so known by identity) skip hashing every hit again."""
         if type(hits) is not MergedHits:
-            return pack_plan(self._script.sha, tuple(hits), usage)
-        cached = self._plans.get(id(hits))
+            return pack_hits(self._script.sha, tuple(hits), usage)
+        cached = self._packed_hits.get(id(hits))
         if cached is not None and cached[0] is hits and cached[1] is usage:
             return cached[2]
-        plan = pack_plan(self._script.sha, hits, usage)
-        if len(self._plans) >= _CACHED:
-            self._plans.clear()
-        self._plans[id(hits)] = (hits, usage, plan)  # holds hits: its id stays its own
-        return plan
+        packed = pack_hits(self._script.sha, hits, usage)
+        if len(self._packed_hits) >= _CACHED:
+            self._packed_hits.clear()
+        self._packed_hits[id(hits)] = (hits, usage, packed)  # holds hits: its id stays its own
+        return packed
 
     def _packed_tag(self, key: str) -> bytes:
         """The encoded hash tag of ``key``'s keys (an identity decides, gives its slot

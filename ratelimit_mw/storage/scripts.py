@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from importlib.resources import files
 
-from ..policy import ALGORITHM_NAMES
+from ..limits import ALGORITHM_NAMES
 
 __all__ = ["decide_script_source", "lua_source"]
 

@@ -1,9 +1,9 @@
 """Commands packed by hand.
 
 A decision's ``EVALSHA`` is mostly the same bytes from one request to the next: the
-plan's limits. They are packed once per plan (``pack_plan``); a request only joins
-them to what changes, its identity's keys, a lease id and the usage spec, without
-redis-py encoding every argument again. ``pipe`` writes them.
+limits of its limit set. They are packed once per list of hits (``pack_hits``); a
+request only joins them to what changes, its identity's keys, a lease id and the usage
+spec, without redis-py encoding every argument again. ``pipe`` writes them.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import NamedTuple
 
-from ..policy import Hit
+from ..limits import Hit
 from .keys import counter_suffix
 
-__all__ = ["PackedPlan", "bulk", "pack_plan", "pack_release", "pack_script_load",
+__all__ = ["PackedHits", "bulk", "pack_hits", "pack_release", "pack_script_load",
            "slots_taken"]
 
 
@@ -24,8 +24,9 @@ def bulk(value: bytes) -> bytes:
     return b"$%d\r\n%b\r\n" % (len(value), value)
 
 
-class PackedPlan(NamedTuple):
-    """The ``EVALSHA`` of one plan, but for the identity's keys and the first arguments."""
+class PackedHits(NamedTuple):
+    """The ``EVALSHA`` of one list of hits, but for the identity's keys and the first
+    arguments."""
 
     head: bytes
     """Argument count, ``EVALSHA``, the script's digest and the number of keys."""
@@ -56,8 +57,8 @@ _PACKED_KEYS = 1024
 
 
 @lru_cache(maxsize=512)
-def pack_plan(sha: str, hits: tuple[Hit, ...], usage: bool) -> PackedPlan:
-    """Pack what the decisions of one plan share (with usage counted, or not)."""
+def pack_hits(sha: str, hits: tuple[Hit, ...], usage: bool) -> PackedHits:
+    """Pack what the decisions of one list of hits share (with usage counted, or not)."""
     keys = [counter_suffix(hit.scope, hit.limit.uid).encode() for hit in hits]
     if usage and not keys:
         keys.append(b"u:")  # a key to route by (see decide.lua)
@@ -70,7 +71,7 @@ def pack_plan(sha: str, hits: tuple[Hit, ...], usage: bool) -> PackedPlan:
     count = 3 + len(keys) + 3 + 5 * len(hits)
     head = b"*%d\r\n%b%b%b" % (count, bulk(b"EVALSHA"), bulk(sha.encode()),
                               bulk(b"%d" % len(keys)))
-    return PackedPlan(head, tuple(keys), tail, slots_taken(hits), {})
+    return PackedHits(head, tuple(keys), tail, slots_taken(hits), {})
 
 
 def slots_taken(hits: Sequence[Hit]) -> tuple[tuple[str, str], ...]:

@@ -17,7 +17,7 @@ import pytest
 
 from ratelimit_mw import Hit, Limit, RedisStorage, StorageError
 from ratelimit_mw.decision import Verdict
-from ratelimit_mw.policy import ALGORITHM_NAMES
+from ratelimit_mw.limits import ALGORITHM_NAMES
 from ratelimit_mw.storage.keys import redis_key
 from tests.engine.test_storage import limit_for
 from tests.redis_servers import ClusterDeployment, RedisProcess, StorageFactory, storage_factory

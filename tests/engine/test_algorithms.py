@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from ratelimit_mw import Limit
 from ratelimit_mw.algorithms import ALGORITHMS, NEVER_US, decide, run
-from ratelimit_mw.policy import ALGORITHM_NAMES
+from ratelimit_mw.limits import ALGORITHM_NAMES
 
 START = 1_700_000_040_000_000  # a multiple of every window below: windows start here
 S = 1_000_000

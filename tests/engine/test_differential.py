@@ -13,7 +13,7 @@ import pytest
 
 from ratelimit_mw import Hit, Limit, MemoryStorage, RedisStorage
 from ratelimit_mw.decision import Verdict
-from ratelimit_mw.policy import ALGORITHM_NAMES
+from ratelimit_mw.limits import ALGORITHM_NAMES
 from tests.conftest import FakeClock, on_clock
 
 
@@ -29,7 +29,7 @@ def _limits(algorithm: str, rng: random.Random) -> list[Limit]:
 
 def _summary(verdict: Verdict) -> tuple[object, ...]:
     return verdict.allowed, tuple(
-        (d.allowed, d.limit, d.remaining, d.reset_after, d.retry_after, d.scope)
+        (d.allowed, d.quota, d.remaining, d.reset_after, d.retry_after, d.scope)
         for d in verdict.decisions
     )
 

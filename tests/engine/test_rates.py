@@ -8,7 +8,7 @@ import re
 import pytest
 
 from ratelimit_mw import ConfigError, Hit, Limit
-from ratelimit_mw.policy import as_limits
+from ratelimit_mw.limits import as_limits
 from ratelimit_mw.rates import MAX_AMOUNT, MAX_PERIOD, Rate, parse_rate, split_rates
 
 

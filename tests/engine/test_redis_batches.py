@@ -536,7 +536,7 @@ def test_a_packed_decision_is_the_command_redis_py_would_send(
     hits = (Hit(Limit("10/minute", "token_bucket", burst=20)),
             Hit(Limit("1000/day", "fixed_window"), 3, "route:/x"),
             Hit(Limit.concurrency(2))) if limited else ()
-    packed = wire.pack_plan("f" * 40, hits, usage)
+    packed = wire.pack_hits("f" * 40, hits, usage)
     encoder = SyncConnection()
     for tag, lease in [(b"rl:{ip:10.0.0.1}:", b"lease-1"), (b"rl:{ip:10.0.0.1}:", b"lease-2"),
                        (b"rl:{key:\xc3\xa9}:", b"")]:

@@ -13,8 +13,8 @@ from redis.crc import key_slot
 
 from ratelimit_mw import ConfigError, Hit, Limit, MemoryStorage, RedisStorage, storage_from_url
 from ratelimit_mw.errors import StorageError
+from ratelimit_mw.limits import ALGORITHM_NAMES
 from ratelimit_mw.middleware import RateLimitMiddleware
-from ratelimit_mw.policy import ALGORITHM_NAMES
 from ratelimit_mw.rates import MAX_PERIOD, Rate
 from ratelimit_mw.settings import RateLimitSettings
 from ratelimit_mw.storage import check_storage_url, inflight

@@ -8,7 +8,7 @@ import pytest
 
 from ratelimit_mw import Hit, Limit, MemoryStorage, Storage
 from ratelimit_mw.decision import NEVER
-from ratelimit_mw.policy import ALGORITHM_NAMES
+from ratelimit_mw.limits import ALGORITHM_NAMES
 from tests.conftest import FakeClock, StorageFactory
 
 
@@ -26,7 +26,7 @@ async def test_admits_up_to_the_limit_then_denies(storage: Storage, algorithm: s
     assert [v.allowed for v in verdicts] == [True, True, True, False]
     assert [v.decisions[0].remaining for v in verdicts] == [2, 1, 0, 0]
     assert verdicts[3].retry_after > 0
-    assert verdicts[3].decisions[0].limit == 3
+    assert verdicts[3].decisions[0].quota == 3
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
@@ -79,7 +79,7 @@ async def test_all_limits_decided_together(storage: Storage) -> None:
     results = [await storage.decide("dave", [burst, daily]) for _ in range(21)]
     assert sum(v.allowed for v in results) == 20
     last = results[-1]
-    assert last.binding is not None and last.binding.policy == burst.limit
+    assert last.binding is not None and last.binding.limit == burst.limit
     assert [d.remaining for d in last.decisions] == [0, 5]
 
 
@@ -158,7 +158,7 @@ async def test_many_limits_in_one_call(storage: Storage) -> None:
     hits = [Hit(limit_for(name, "4/minute")) for name in ALGORITHM_NAMES]
     verdict = await storage.decide("mix", hits)
     assert verdict.allowed
-    assert [d.policy.algorithm for d in verdict.decisions] == list(ALGORITHM_NAMES)
+    assert [d.limit.algorithm for d in verdict.decisions] == list(ALGORITHM_NAMES)
     assert {d.remaining for d in verdict.decisions} == {3}
 
 

@@ -168,7 +168,7 @@ async def test_the_reported_decision_is_the_one_the_headers_name(memory: MemoryS
     verdict = await memory.decide("k", [rate, slot])
     assert verdict.allowed
     assert [d.remaining for d in verdict.decisions] == [4, 1]
-    assert verdict.binding is not None and verdict.binding.policy == rate.limit
+    assert verdict.binding is not None and verdict.binding.limit == rate.limit
     headers = dict(HeaderFormat("legacy").dynamic(verdict, {}, 1_700_000_000.0))
     assert headers[b"x-ratelimit-remaining"] == b"4"
 

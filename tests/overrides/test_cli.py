@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 from ratelimit_mw import RedisStorage
+from ratelimit_mw.limits import Hit, Limit
 from ratelimit_mw.overrides import Overrides, caller_key
-from ratelimit_mw.policy import Hit, Limit
 
 
 def _cli(url: str, prefix: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -30,8 +30,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ratelimit_mw.events import DecisionEvent
+from ratelimit_mw.limits import ALGORITHM_NAMES
 from ratelimit_mw.middleware import RateLimitMiddleware
-from ratelimit_mw.policy import ALGORITHM_NAMES
 from ratelimit_mw.routes import exempt, limit
 
 __all__ = ["app", "build_app"]

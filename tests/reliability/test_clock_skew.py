@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from ratelimit_mw.policy import ALGORITHM_NAMES
+from ratelimit_mw.limits import ALGORITHM_NAMES
 from tests.reliability.servers import assert_keys_expire, delete_prefix, uvicorn_server
 
 pytestmark = [pytest.mark.reliability, pytest.mark.redis, pytest.mark.slow]

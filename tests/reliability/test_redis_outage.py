@@ -42,7 +42,7 @@ async def _exhaust_in_redis(url: str, prefix: str, ip: str) -> None:
     """Use up the tier limit of ``ip`` in Redis alone: only a Redis decision denies it now."""
     storage = RedisStorage.from_url(url, prefix=prefix)
     try:
-        # The tier's limits are hits of scope "" (see ratelimit_mw.plans.make_plan).
+        # The tier's limits are hits of scope "" (see ratelimit_mw.limit_sets.make_limit_set).
         verdict = await storage.decide(f"ip:{ip}", [Hit(Limit(TIER), cost=1_000_000)])
         assert verdict.allowed
     finally:

@@ -1,7 +1,8 @@
-"""A plan: the hits of one (tier, route) pair, with its policy names and static headers.
+"""A limit set: the hits of one (tier, route) pair, with its policy names and static
+headers.
 
-Plans are built once per pair and reused, so a request only looks one up. A plan also
-knows which of its limits are shadow limits (decided and reported, never enforced).
+Limit sets are built once per pair and reused, so a request only looks one up. A set
+also knows which of its limits are shadow limits (decided and reported, never enforced).
 """
 
 from __future__ import annotations
@@ -13,32 +14,33 @@ from dataclasses import dataclass
 from .decision import Verdict
 from .errors import ConfigError
 from .headers import HeaderFormat, policy_name
-from .policy import Hit, Limit, PolicyKey, merge_hits
+from .limits import Hit, Limit, LimitKey, merge_hits
 from .routes import NO_ROUTE, RouteSpec
 from .tiers import Tier
 
-__all__ = ["Plan", "Plans", "check_plan", "enforced_denial", "make_plan", "with_shadowed"]
+__all__ = ["LimitSet", "LimitSets", "check_limit_set", "enforced_denial", "make_limit_set",
+           "with_shadowed"]
 
 _log = logging.getLogger("ratelimit_mw")
-_KEPT = 8192  # plans kept (then forgotten at once): tiers by routes, with room to spare
+_KEPT = 8192  # limit sets kept (then forgotten at once): tiers by routes, with room to spare
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class Plan:
+class LimitSet:
     """Every hit a request of ``tier`` on ``route`` makes (hashed by identity)."""
 
     tier: Tier
     route: RouteSpec
     hits: Sequence[Hit]
     enforced: Sequence[Hit]
-    shadow: frozenset[PolicyKey]
-    names: Mapping[PolicyKey, str]
+    shadow: frozenset[LimitKey]
+    names: Mapping[LimitKey, str]
     """The name of each limit the headers report (not the shadow ones), as configured."""
     static_headers: tuple[tuple[bytes, bytes], ...]
     concurrent: bool = False
-    """True when the plan takes a concurrency slot (to give back when the request ends)."""
+    """True when the set takes a concurrency slot (to give back when the request ends)."""
     clash: tuple[Hit, Hit] | None = None
-    """Two of its hits on one counter, if any (``check_plan`` refuses them)."""
+    """Two of its hits on one counter, if any (``check_limit_set`` refuses them)."""
     blocked_until: float = 0.0
     """When an override blocks its caller: the epoch time until which nothing is
     admitted (0: not blocked)."""
@@ -47,14 +49,16 @@ class Plan:
         """True when every limit that denied ``verdict`` is a shadow limit."""
         shadow = self.shadow
         return bool(shadow) and all(
-            (d.scope, d.policy) in shadow for d in verdict.decisions if not d.allowed)
+            (d.scope, d.limit) in shadow for d in verdict.decisions if not d.allowed)
 
     def never(self) -> Hit | None:
         """A hit whose cost is larger than its limit can ever admit, if any."""
         return next((hit for hit in self.hits if hit.never), None)
 
 
-def make_plan(tier: Tier, route: RouteSpec, fmt: HeaderFormat, lease: float = 30.0) -> Plan:
+def make_limit_set(
+    tier: Tier, route: RouteSpec, fmt: HeaderFormat, lease: float = 30.0,
+) -> LimitSet:
     """Join the tier's limits (at the route's cost), the route's own limits and the
     tier's concurrency slot (always one slot, whatever the route's cost)."""
     tier_hits = tier.hits if route.cost == 1 else tuple(
@@ -66,10 +70,10 @@ def make_plan(tier: Tier, route: RouteSpec, fmt: HeaderFormat, lease: float = 30
     shadow.update((hit.scope, hit.limit) for hit in route.shadow)
     enforced = merge_hits(tuple(hit for hit in joined if (hit.scope, hit.limit) not in shadow))
     hits = merge_hits(joined)  # once here, so the storages need not check per request
-    # The headers report the enforced limits; a plan of shadow limits alone (a trial of
+    # The headers report the enforced limits; a set of shadow limits alone (a trial of
     # the whole tier, like global shadow mode) reports them all: seeing them is the point.
     reported = [hit for hit in hits if (hit.scope, hit.limit) not in shadow] or list(hits)
-    names: dict[PolicyKey, str] = {}
+    names: dict[LimitKey, str] = {}
     taken: set[str] = set()  # as written in a header, where two names must not meet
     for hit in reported:
         slot = (hit.scope, hit.limit)
@@ -83,7 +87,7 @@ def make_plan(tier: Tier, route: RouteSpec, fmt: HeaderFormat, lease: float = 30
         taken.add(written)
         names[slot] = name
     named = [(names[(hit.scope, hit.limit)], hit.limit) for hit in reported]
-    return Plan(tier, route, hits, enforced, frozenset(shadow), names, tuple(fmt.static(named)),
+    return LimitSet(tier, route, hits, enforced, frozenset(shadow), names, tuple(fmt.static(named)),
                 tier.concurrency is not None, _clash(joined))
 
 
@@ -98,12 +102,12 @@ def _clash(hits: Sequence[Hit]) -> tuple[Hit, Hit] | None:
     return None
 
 
-def check_plan(plan: Plan, method_path: str) -> None:
+def check_limit_set(limit_set: LimitSet, method_path: str) -> None:
     """Fail at start-up when a request could never pass one of its limits, or when two
     of its limits would count on one counter."""
-    if plan.clash is not None:
-        first, second = plan.clash
-        where = f"route {method_path}" if first.scope else f"tier {plan.tier.name!r}"
+    if limit_set.clash is not None:
+        first, second = limit_set.clash
+        where = f"route {method_path}" if first.scope else f"tier {limit_set.tier.name!r}"
         if first.limit == second.limit:
             msg = f"{where}: limit {first.limit.name!r} ({first.limit}) is given twice; drop one"
         else:
@@ -112,18 +116,18 @@ def check_plan(plan: Plan, method_path: str) -> None:
                    f"same algorithm, rate and capacity); give one of them another rate or "
                    f"algorithm, or drop it")
         raise ConfigError(msg)
-    hit = plan.never()
+    hit = limit_set.never()
     if hit is None:
         return
     where = f"route {method_path}" if method_path else "every request"
     msg = (f"{where} costs {hit.cost} but limit {hit.limit.name!r} ({hit.limit}) of tier "
-           f"{plan.tier.name!r} admits at most {hit.limit.capacity} at once, so it could "
+           f"{limit_set.tier.name!r} admits at most {hit.limit.capacity} at once, so it could "
            f"never pass; lower the cost or raise the limit's capacity (burst)")
     raise ConfigError(msg)
 
 
-class Plans:
-    """The plan of each (tier, route) pair, made at the pair's first request.
+class LimitSets:
+    """The limit set of each (tier, route) pair, made at the pair's first request.
 
     ``check`` refuses, at start-up, any pair of the app's known routes whose requests
     could never pass. A route the app gains later is checked at its first request,
@@ -136,26 +140,26 @@ class Plans:
     def __init__(self, fmt: HeaderFormat, lease: float) -> None:
         self._format = fmt
         self._lease = lease
-        self._made: dict[tuple[str, RouteSpec], Plan] = {}
+        self._made: dict[tuple[str, RouteSpec], LimitSet] = {}
         self._reported: set[tuple[str, str]] = set()  # (tier, route) found bad late
 
-    def get(self, tier: Tier, route: RouteSpec) -> Plan:
-        """The plan of ``tier`` on ``route``."""
-        plan = self._made.get((tier.name, route))
-        if plan is not None and plan.tier is tier:
-            return plan
-        if plan is not None:  # another tier of that name (an override's): not kept
+    def get(self, tier: Tier, route: RouteSpec) -> LimitSet:
+        """The limit set of ``tier`` on ``route``."""
+        limit_set = self._made.get((tier.name, route))
+        if limit_set is not None and limit_set.tier is tier:
+            return limit_set
+        if limit_set is not None:  # another tier of that name (an override's): not kept
             return self.make(tier, route)
         if len(self._made) >= _KEPT:
             self._made.clear()
-        plan = self._made[(tier.name, route)] = self.make(tier, route)
-        return plan
+        limit_set = self._made[(tier.name, route)] = self.make(tier, route)
+        return limit_set
 
-    def make(self, tier: Tier, route: RouteSpec) -> Plan:
-        """A new plan of ``tier`` on ``route``, checked (for a caller that keeps it)."""
-        plan = make_plan(tier, route, self._format, self._lease)
-        self._check_late(plan)
-        return plan
+    def make(self, tier: Tier, route: RouteSpec) -> LimitSet:
+        """A new limit set of ``tier`` on ``route``, checked (for a caller that keeps it)."""
+        limit_set = make_limit_set(tier, route, self._format, self._lease)
+        self._check_late(limit_set)
+        return limit_set
 
     def check(self, tiers: Iterable[Tier], routes: Iterable[RouteSpec]) -> None:
         """Refuse to start when a request of some tier on some route (or on none) could
@@ -164,36 +168,36 @@ class Plans:
         for tier in tiers:
             for spec, label in specs:
                 if not spec.exempt:
-                    check_plan(make_plan(tier, spec, self._format, self._lease), label)
+                    check_limit_set(make_limit_set(tier, spec, self._format, self._lease), label)
 
-    def _check_late(self, plan: Plan) -> None:
+    def _check_late(self, limit_set: LimitSet) -> None:
         try:
-            check_plan(plan, plan.route.label)
+            check_limit_set(limit_set, limit_set.route.label)
         except ConfigError as exc:
-            seen = (plan.tier.name, plan.route.label)
+            seen = (limit_set.tier.name, limit_set.route.label)
             if seen not in self._reported:
                 self._reported.add(seen)
                 _log.error("ratelimit_mw: %s", exc)
 
 
-def with_shadowed(plan: Plan, verdict: Verdict, enforced: Verdict | None) -> Verdict:
+def with_shadowed(limit_set: LimitSet, verdict: Verdict, enforced: Verdict | None) -> Verdict:
     """The verdict of the enforced limits alone, with the shadow limits' decisions from
-    ``verdict`` (which only they denied) put back in the plan's order."""
+    ``verdict`` (which only they denied) put back in the set's order."""
     if enforced is None:  # the storage failed on the second call: let it through
         return Verdict(True, verdict.decisions)
-    shadow = plan.shadow
+    shadow = limit_set.shadow
     counted = iter(enforced.decisions)
     return Verdict(enforced.allowed, tuple(
-        d if (d.scope, d.policy) in shadow else next(counted) for d in verdict.decisions),
+        d if (d.scope, d.limit) in shadow else next(counted) for d in verdict.decisions),
         enforced.leases, enforced.at)
 
 
-def enforced_denial(plan: Plan, verdict: Verdict) -> Verdict:
+def enforced_denial(limit_set: LimitSet, verdict: Verdict) -> Verdict:
     """A refused verdict as its enforced limits see it: a shadow limit that also denied
     sets neither Retry-After, nor the reported policy, nor how long the key stays
     cached as blocked (it is reported as admitting, with what it has left)."""
-    shadow = plan.shadow
+    shadow = limit_set.shadow
     return verdict._replace(decisions=tuple(
         d._replace(allowed=True, retry_after=0.0)
-        if not d.allowed and (d.scope, d.policy) in shadow else d
+        if not d.allowed and (d.scope, d.limit) in shadow else d
         for d in verdict.decisions))

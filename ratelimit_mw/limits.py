@@ -12,7 +12,7 @@ from .errors import ConfigError
 from .rates import MAX_AMOUNT, MAX_PERIOD, Rate, parse_rate, split_rates
 
 __all__ = [
-    "ALGORITHM_NAMES", "AlgorithmName", "Hit", "Limit", "MergedHits", "PolicyKey", "as_limits",
+    "ALGORITHM_NAMES", "AlgorithmName", "Hit", "Limit", "LimitKey", "MergedHits", "as_limits",
     "merge_hits",
 ]
 
@@ -223,7 +223,7 @@ class Hit:
 
 
 
-PolicyKey = tuple[str, Limit]
+LimitKey = tuple[str, Limit]
 """What a decision is about: a hit's scope and its limit."""
 
 
@@ -231,7 +231,7 @@ PolicyKey = tuple[str, Limit]
 class MergedHits(tuple[Hit, ...]):
     """Hits already folded by ``merge_hits``: folding them again is free.
 
-    A plan folds its hits once, so the storages skip the check per request. Decisions
+    A limit set folds its hits once, so the storages skip the check per request. Decisions
     come back in the order of the merged hits.
     """
 
