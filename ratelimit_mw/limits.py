@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any
 
 from mypy_extensions import mypyc_attr
 
+from .algorithms import ALGORITHMS, ALIASES, RATE_ALGORITHMS, AlgorithmName
 from .errors import ConfigError
 from .rates import MAX_AMOUNT, MAX_PERIOD, Rate, parse_rate, split_rates
 
@@ -16,31 +17,20 @@ __all__ = [
     "merge_hits",
 ]
 
-AlgorithmName = Literal[
-    "fixed_window", "sliding_log", "sliding_window", "token_bucket", "gcra", "concurrency",
-    "calendar_month"]
-ALGORITHM_NAMES: tuple[AlgorithmName, ...] = get_args(AlgorithmName)[:5]
-"""The five rate algorithms. Besides them: ``concurrency`` counts requests in flight,
-and ``calendar_month`` is a fixed window over UTC calendar months (rate ``N/month``)."""
+ALGORITHM_NAMES = RATE_ALGORITHMS
+"""The rate algorithms. Besides them: ``concurrency`` counts requests in flight, and
+``calendar_month`` is a fixed window over UTC calendar months (rate ``N/month``)."""
 _MONTH = 30 * 86400
-_KNOWN: tuple[AlgorithmName, ...] = get_args(AlgorithmName)
-_BURSTABLE = ("token_bucket", "gcra")
-_ALIASES: dict[str, AlgorithmName] = {
-    "fixed": "fixed_window",
-    "moving_window": "sliding_log",
-    "sliding_window_counter": "sliding_window",
-    "leaky_bucket": "gcra",
-}
 
 
 def _algorithm(name: object) -> AlgorithmName:
-    """Normalise an algorithm name (``-`` or ``_``, a few common aliases) or fail."""
+    """Normalise an algorithm name (``-`` or ``_``, the registry's aliases) or fail."""
     normal = str(name).strip().lower().replace("-", "_")
-    normal = _ALIASES.get(normal, normal)
-    for known in _KNOWN:
+    normal = ALIASES.get(normal, normal)
+    for known in ALGORITHMS:
         if normal == known:
             return known
-    msg = f"unknown algorithm {name!r}; expected one of {', '.join(_KNOWN)}"
+    msg = f"unknown algorithm {name!r}; expected one of {', '.join(ALGORITHMS)}"
     raise ConfigError(msg)
 
 
@@ -79,8 +69,9 @@ class Limit:
         kind = _algorithm(algorithm)
         set_(self, "algorithm", kind)
         if burst is not None:
-            if kind not in _BURSTABLE:
-                msg = f"burst={burst!r} only applies to token_bucket and gcra, not {kind}"
+            if not ALGORITHMS[kind].burst:
+                takers = " and ".join(name for name, known in ALGORITHMS.items() if known.burst)
+                msg = f"burst={burst!r} only applies to {takers}, not {kind}"
                 raise ConfigError(msg)
             if (isinstance(burst, bool) or not isinstance(burst, int)
                     or not 1 <= burst <= MAX_AMOUNT):

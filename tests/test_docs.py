@@ -62,3 +62,16 @@ def test_the_readme_stays_short() -> None:
     """The README is the first five minutes (about 10 KB); the rest lives in docs/."""
     size = len((ROOT / "README.md").read_bytes())
     assert size <= 12_000, f"README.md is {size} bytes; move detail into a docs/ page"
+
+
+def test_the_algorithms_table_is_the_registrys() -> None:
+    """docs/algorithms.md lists every algorithm of the registry, in its order, with what
+    it keeps and when to pick it, as ``ALGORITHMS`` says."""
+    from ratelimit_mw.algorithms import ALGORITHMS
+
+    text = (ROOT / "docs" / "algorithms.md").read_text()
+    rows = [line.split(" | ") for line in text.splitlines()
+            if line.startswith("| `") and line.count(" | ") == 2]
+    listed = [(cells[0].removeprefix("| `").split("`")[0], cells[1], cells[2].removesuffix(" |"))
+              for cells in rows]
+    assert listed == [(a.name, a.state, a.use) for a in ALGORITHMS.values()]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-__all__ = ["NEVER_US", "Outcome", "Step", "ceil_div"]
+__all__ = ["NEVER_US", "RawStep", "Step", "ceil_div"]
 
 NEVER_US = -1
 """``retry_us`` of a cost that the limit can never admit."""
@@ -28,7 +28,7 @@ class Step(NamedTuple):
     state: Any
 
 
-Outcome = tuple[bool, int, int, int, Any]
+RawStep = tuple[bool, int, int, int, Any]
 """``(allowed, remaining, reset_us, retry_us, state)``: a ``Step`` as a plain tuple."""
 
 

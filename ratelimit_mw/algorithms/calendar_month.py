@@ -7,7 +7,7 @@ the same steps as the Lua twin.
 
 from __future__ import annotations
 
-from .base import Outcome
+from .base import RawStep
 from .fixed_window import State, in_window
 
 DAY_US = 86_400_000_000
@@ -46,7 +46,7 @@ def month_bounds(now: int) -> tuple[int, int]:
 
 def decide(
     state: State | None, now: int, limit: int, period: int, capacity: int, cost: int,
-) -> Outcome:
+) -> RawStep:
     """Admit ``cost`` units if this calendar month has room (``period`` is ignored)."""
     start, end = month_bounds(now)
     return in_window(state, now, start, end, limit, cost)

@@ -7,7 +7,7 @@ its lease expires. The decision leaves the new lease to the storage, which names
 
 from __future__ import annotations
 
-from .base import NEVER_US, Outcome
+from .base import NEVER_US, RawStep
 
 State = tuple[tuple[int, str], ...]
 
@@ -18,7 +18,7 @@ RETRY_HINT_US = 1_000_000
 
 def decide(
     state: State | None, now: int, amount: int, period: int, capacity: int, cost: int,
-) -> Outcome:
+) -> RawStep:
     """Admit ``cost`` (1, or 0 to look) requests if that many slots are free."""
     if not state:
         live: State = ()

@@ -6,14 +6,14 @@ across a window edge.
 
 from __future__ import annotations
 
-from .base import NEVER_US, Outcome
+from .base import NEVER_US, RawStep
 
 State = tuple[int, int]
 
 
 def decide(
     state: State | None, now: int, limit: int, period: int, capacity: int, cost: int,
-) -> Outcome:
+) -> RawStep:
     """Admit ``cost`` units at ``now`` if the current window has room."""
     start = now - now % period
     return in_window(state, now, start, start + period, limit, cost)
@@ -21,7 +21,7 @@ def decide(
 
 def in_window(
     state: State | None, now: int, start: int, end: int, limit: int, cost: int,
-) -> Outcome:
+) -> RawStep:
     """Admit ``cost`` units if the window ``[start, end)`` holding ``now`` has room."""
     count = state[1] if state is not None and state[0] == start else 0
     if cost > limit:

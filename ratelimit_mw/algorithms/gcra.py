@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from .base import NEVER_US, Outcome, ceil_div
+from .base import NEVER_US, RawStep, ceil_div
 
 State = tuple[int, int]
 
@@ -43,7 +43,7 @@ def ticks(amount: int, period: int, capacity: int) -> tuple[int, int]:
 
 def decide(
     state: State | None, now: int, amount: int, period: int, capacity: int, cost: int,
-) -> Outcome:
+) -> RawStep:
     """Admit ``cost`` units unless that pushes the TAT beyond ``now + tau``."""
     per_us, interval = ticks(amount, period, capacity)
     tau = interval * capacity

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
-from .base import NEVER_US, Outcome
+from .base import NEVER_US, RawStep
 
 State = tuple[int, ...]
 
 
 def decide(
     state: State | None, now: int, limit: int, period: int, capacity: int, cost: int,
-) -> Outcome:
+) -> RawStep:
     """Admit ``cost`` units if fewer than ``limit - cost`` are logged in the last period."""
     log = state or ()
     expired = bisect_right(log, now - period)

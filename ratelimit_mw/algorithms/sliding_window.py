@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from .base import NEVER_US, Outcome
+from .base import NEVER_US, RawStep
 
 State = tuple[int, int, int]
 _floor = math.floor
@@ -74,7 +74,7 @@ def _retry_at(state: State | None, now: int, limit: int, period: int, cost: int)
 
 def decide(
     state: State | None, now: int, limit: int, period: int, capacity: int, cost: int,
-) -> Outcome:
+) -> RawStep:
     """Admit ``cost`` units if the weighted count of the sliding period has room."""
     start = now - now % period
     # _counts and _used, written out: this runs per request.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from .base import NEVER_US, Outcome
+from .base import NEVER_US, RawStep
 
 State = tuple[float, int]
 
@@ -42,7 +42,7 @@ def _first(
 
 def decide(
     state: State | None, now: int, amount: int, period: int, capacity: int, cost: int,
-) -> Outcome:
+) -> RawStep:
     """Take ``cost`` tokens if the bucket holds that many."""
     rate = amount / period
     if state is None:

@@ -6,14 +6,15 @@ microseconds. ``retry`` is -1 where the cost can never pass.
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import Any, get_args
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ratelimit_mw import Limit
-from ratelimit_mw.algorithms import ALGORITHMS, NEVER_US, decide, run
+from ratelimit_mw.algorithms import ALGORITHMS, ALIASES, NEVER_US, AlgorithmName, decide, run
 from ratelimit_mw.limits import ALGORITHM_NAMES
 
 START = 1_700_000_040_000_000  # a multiple of every window below: windows start here
@@ -242,20 +243,36 @@ def test_cost_zero_never_changes_state(algorithm: str) -> None:
     assert decide(state, now, limit, 0).remaining == 1
 
 
-_EVERY_KIND = [*(Limit("7/minute", name, burst=9 if name in ("token_bucket", "gcra")
-                             else None) for name in ALGORITHM_NAMES),
+_EVERY_KIND = [*(Limit("7/minute", name, burst=9 if ALGORITHMS[name].burst else None)
+                 for name in ALGORITHM_NAMES),
                Limit.concurrency(3), Limit.monthly(7)]
+
+
+def test_every_registered_algorithm_is_a_kind_of_limit() -> None:
+    """The registry names each algorithm once, and every one can be made into a limit."""
+    assert sorted(limit.algorithm for limit in _EVERY_KIND) == sorted(ALGORITHMS)
+    assert set(ALGORITHMS) == set(get_args(AlgorithmName))
+    assert tuple(name for name, known in ALGORITHMS.items() if known.rate) == ALGORITHM_NAMES
 
 
 @pytest.mark.parametrize("limit", _EVERY_KIND, ids=str)
 def test_run_takes_each_limit_to_its_own_algorithm(limit: Limit) -> None:
-    """``run`` (the memory storage's per-request call) answers as the limit's own step
-    function, state by state, for every kind of limit."""
+    """``run`` (the memory storage's per-request call) answers as the module named after
+    the limit's algorithm, state by state, for every kind of limit."""
+    step = importlib.import_module(f"ratelimit_mw.algorithms.{limit.algorithm}").decide
     state: Any = None
     for n in range(12):
         now = START + n * 7 * S
         got = run(limit, state, now, 1)
-        assert got == ALGORITHMS[limit.algorithm](
-            state, now, limit.amount, limit.period_us, limit.capacity, 1)
+        assert got == step(state, now, limit.amount, limit.period_us, limit.capacity, 1)
         if got[0]:
             state = got[4]
+
+
+@pytest.mark.parametrize("alias", sorted(ALIASES))
+def test_an_alias_names_its_algorithm(alias: str) -> None:
+    """``leaky_bucket``, ``moving_window`` and the other aliases make the same limit as
+    the registry's name."""
+    name = ALIASES[alias]
+    burst = 3 if ALGORITHMS[name].burst else None
+    assert Limit("5/minute", alias, burst=burst) == Limit("5/minute", name, burst=burst)
