@@ -9,6 +9,7 @@ a concurrency slot made (a slot may free any moment).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from .decision import Decision, Verdict
 from .limit_sets import LimitSet
@@ -17,17 +18,15 @@ from .outcome import Outcome
 __all__ = ["Blocked", "BlockedKeys"]
 
 
-class Blocked:
-    """A key over its limit until ``until``, with the outcome last made for it."""
+class Blocked(NamedTuple):
+    """A key over its limit until ``until``, with the outcome last made for it (and the
+    Retry-After it was made for). Never changed: a new outcome makes a new entry."""
 
-    __slots__ = ("at", "outcome", "until", "verdict", "wait")
-
-    def __init__(self, verdict: Verdict, at: float) -> None:
-        self.verdict = verdict
-        self.at = at
-        self.until = at + verdict.retry_after
-        self.wait = -1  # the Retry-After that ``outcome`` was made for
-        self.outcome: Outcome | None = None
+    verdict: Verdict
+    at: float
+    until: float
+    wait: int = -1
+    outcome: Outcome | None = None
 
     def verdict_at(self, now: float) -> Verdict:
         """The kept verdict with its times moved on to ``now``."""
@@ -71,7 +70,13 @@ class BlockedKeys:
         keys = self._keys
         if len(keys) >= self.size:
             del keys[next(iter(keys))]
-        keys[(key, limit_set)] = Blocked(verdict, now)
+        keys[(key, limit_set)] = Blocked(verdict, now, now + verdict.retry_after)
+
+    def made(self, key: str, limit_set: LimitSet, blocked: Blocked, outcome: Outcome,
+             wait: int) -> None:
+        """``outcome`` answers ``key``'s requests while their Retry-After is ``wait``."""
+        if self._keys.get((key, limit_set)) is blocked:
+            self._keys[(key, limit_set)] = blocked._replace(outcome=outcome, wait=wait)
 
 
 def _slot_denied(verdict: Verdict) -> bool:

@@ -29,8 +29,8 @@ from .identity import Caller, Identity
 from .limit_sets import LimitSet, LimitSets, enforced_denial, with_shadowed
 from .limits import Limit
 from .metrics import Metrics
-from .outcome import Charge, Outcome
-from .responses import iso_utc, json_body
+from .outcome import Charge, Outcome, Rendered
+from .responses import Refusals
 from .route_table import RouteTable
 from .routes import NO_ROUTE, RouteRule, RouteSpec
 from .settings import RateLimitSettings
@@ -72,7 +72,6 @@ class Limiter:
         "_blocked",
         "_format",
         "_on_decision",
-        "_remade",
         "_route_cache",
         "_shadow",
         "_usage",
@@ -81,6 +80,7 @@ class Limiter:
         "identity",
         "limit_sets",
         "overrides",
+        "refusals",
         "routes",
         "settings",
         "storage",
@@ -90,7 +90,7 @@ class Limiter:
         self, app: ASGIApp, settings: RateLimitSettings, *, storage: Storage,
         identity: Identity, rules: Sequence[RouteRule] = (),
         on_decision: DecisionHook | None = None, clock: Callable[[], float] = time.time,
-        breaker: Gate | None = None, remade_denials: bool = False,
+        breaker: Gate | None = None, refusals: Refusals | None = None,
         metrics: Metrics | None = None, overrides: Overrides | None = None,
     ) -> None:
         self.settings = settings
@@ -106,8 +106,8 @@ class Limiter:
         self._shadow = settings.shadow
         self._usage = settings.quota_history
         self._on_decision = on_decision
-        # A custom 429 is made anew for every request, so a blocked key's is not kept.
-        self._remade = remade_denials
+        self.refusals = refusals if refusals is not None else Refusals(settings.response_format)
+        """Renders the refusals this limiter's outcomes carry."""
         self.routes = RouteTable(app, [*settings.build_routes(), *rules], settings.exempt_paths)
         # The table's own cache, read here first: the table is interpreted code, and a
         # call into it costs more than the look-up.
@@ -253,17 +253,18 @@ class Limiter:
             return enforced_denial(limit_set, verdict), True
         return verdict, refused
 
-    def _from_blocked(self, key: str, limit_set: LimitSet, blocked: Blocked, now: float) -> Outcome:
+    def _from_blocked(self, key: str, limit_set: LimitSet, blocked: Blocked,
+                      now: float) -> Outcome:
         """The answer for a key known to be over its limit, without the storage.
 
-        The rendered 429 is reused while its Retry-After stays the same, so a client
-        hammering away costs little more than a dict lookup.
+        The outcome (its rendered 429 with it) is reused while its Retry-After stays the
+        same, so a client hammering away costs little more than a dict lookup.
         """
         wait = math.ceil(blocked.until - now)
         outcome = blocked.outcome
-        if outcome is None or blocked.wait != wait or self._remade:
+        if outcome is None or blocked.wait != wait:
             outcome = self._finish(key, limit_set, blocked.verdict_at(now), "blocked", True, now)
-            blocked.outcome, blocked.wait = outcome, wait
+            self._blocked.made(key, limit_set, blocked, outcome, wait)
             return outcome
         verdict = outcome.verdict
         assert verdict is not None  # a blocked outcome always holds its verdict
@@ -282,26 +283,18 @@ class Limiter:
         verdict = Verdict(False, tuple(
             Decision(False, hit.limit.capacity, 0, wait, wait, hit.limit, hit.scope)
             for hit in limit_set.hits) or (Decision(False, 0, 0, wait, wait, _BLOCK),), (), now)
-        outcome = self._finish(key, limit_set, verdict, "override", not self._shadow, now)
-        if not limit_set.hits:
-            outcome.headers = []  # no limit to report: Retry-After alone says it
-        if outcome.refused and not self._remade:  # else the app's on_denied answers
-            until = iso_utc(now + wait)
-            body = json_body({
-                "error": "blocked",
-                "message": f"Requests from this caller are blocked until {until}.",
-                "retry_after_seconds": wait, "limit": 0, "window": None, "reset_at": until})
-            outcome.response = (b"application/json", body,
-                                [*outcome.headers, (b"retry-after", str(wait).encode())])
-        return outcome
+        return self._finish(key, limit_set, verdict, "override", not self._shadow, now,
+                            blocked_for=wait)
 
     def _finish(self, key: str, limit_set: LimitSet, verdict: Verdict | None, source: Source,
-                refused: bool, now: float, *, seen: Verdict | None = None) -> Outcome:
-        """Headers, the denial log line and the metrics hook, for one decision.
+                refused: bool, now: float, *, seen: Verdict | None = None,
+                blocked_for: int = 0) -> Outcome:
+        """Headers, the denial log line, the metrics hook and the refusal to send, for one
+        decision.
 
         ``seen``: the verdict as decided, for the metrics hook, when ``verdict`` is what
         the client is told and the log says (a real denial, without the shadow limits'
-        say).
+        say). ``blocked_for``: the seconds an override still blocks the caller.
         """
         if seen is None:
             seen = verdict
@@ -329,4 +322,16 @@ class Limiter:
                       and not all(d.allowed for d in seen.decisions))
             call_hook(self._on_decision, DecisionEvent(
                 key, limit_set.tier.name, limit_set.route.label, source, seen, refused, shadow))
-        return Outcome(key, limit_set, verdict, source, refused, headers, now)
+        if blocked_for and not limit_set.hits:
+            headers = []  # no limit to report: Retry-After alone says it
+        if not refused:
+            return Outcome(key, limit_set, verdict, source, False, headers, now)
+        refusals = self.refusals
+        response: Rendered | None
+        if verdict is None:
+            response = refusals.unavailable(self.retry_after)
+        elif blocked_for:
+            response = refusals.block(headers, blocked_for, now)
+        else:
+            response = refusals.denial(key, limit_set, verdict, headers, now)
+        return Outcome(key, limit_set, verdict, source, True, headers, now, response)

@@ -31,12 +31,11 @@ from .decision import Lease
 from .disconnects import DisconnectWatch, DisconnectWatches
 from .events import DecisionEvent, DecisionHook, Source
 from .failure import FailureStats
-from .headers import retry_after_value
 from .identity import KeyFunc, identity_from
 from .limiter import STATE_KEY, Limiter
 from .metrics import Metrics
 from .outcome import Outcome
-from .responses import Denial, DeniedHook, denial_body, send_response, unavailable_body
+from .responses import DeniedHook, Refusals, denial_headers, denial_of, send_response
 from .routes import RouteRule
 from .sending import AddingHeaders, CompletingDenial, ReleasingSlots
 from .settings import RateLimitSettings
@@ -108,7 +107,9 @@ class RateLimitMiddleware:
                            else _both(on_decision, metrics.decision))
         self.limiter = Limiter(app, settings, storage=storage, identity=identity, rules=rules,
                                on_decision=on_decision, clock=clock, breaker=breaker,
-                               remade_denials=on_denied is not None, metrics=metrics,
+                               refusals=Refusals(settings.response_format,
+                                                 custom=on_denied is not None),
+                               metrics=metrics,
                                overrides=overrides)
         for pattern in self.limiter.routes.unreachable():
             _log.warning("ratelimit_mw: the route pattern %r matches no route of the app "
@@ -201,36 +202,20 @@ class RateLimitMiddleware:
             await self.app(scope, receive, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, outcome: Outcome) -> None:
-        """A 429 for a denial, a 503 when the storage is down and the policy is closed."""
+        """The refusal the outcome carries (a 429, or the 503 of a storage that can't
+        decide), or else the app's own ``on_denied`` response."""
+        rendered = outcome.response
+        if rendered is not None:
+            await send_response(send, *rendered)
+            return
         verdict = outcome.verdict
-        if verdict is None:
-            retry = self.limiter.retry_after
-            await send_response(send, 503, b"application/json", unavailable_body(retry),
-                                [(b"retry-after", str(retry).encode())])
-            return
-        if outcome.response is not None:
-            await send_response(send, 429, *outcome.response)
-            return
-        headers = list(outcome.headers)
-        retry_after = retry_after_value(verdict.retry_after)
-        if retry_after is not None:
-            headers.append((b"retry-after", retry_after))
-        binding = verdict.binding
-        assert binding is not None  # a denial always has a denying decision
-        limit_set = outcome.limit_set
-        denial = Denial(outcome.key, limit_set.tier.name, limit_set.route.label, verdict, binding,
-                        outcome.now, tuple(limit_set.names.get((d.scope, d.limit), d.limit.name)
-                                           for d in verdict.decisions if not d.allowed))
-        if self._on_denied is None:
-            content_type, body = denial_body(denial, self.settings.response_format)
-            if outcome.source == "blocked":
-                outcome.response = (content_type, body, headers)
-            await send_response(send, 429, content_type, body, headers)
-            return
+        assert verdict is not None and self._on_denied is not None  # see Refusals
+        denial = denial_of(outcome.key, outcome.limit_set, verdict, outcome.now)
         response: Any = self._on_denied(scope, denial)
         if self._on_denied_async or inspect.isawaitable(response):
             response = await response
-        await response(scope, receive, CompletingDenial(send, headers))
+        await response(scope, receive,
+                       CompletingDenial(send, denial_headers(outcome.headers, verdict)))
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Opt-in: limit websocket connects. A refused one gets the 429 (headers and

@@ -1,6 +1,7 @@
 """The answers the library makes itself: the 429 of a denial (JSON, ``application/problem+json``
 or your own), and one body shape for every other (a 503 while the storage is down, the
-quota endpoints' and idempotency's errors, a breaker's refusal)."""
+quota endpoints' and idempotency's errors, a breaker's refusal). ``Refusals`` renders
+every refusal the middleware sends."""
 
 from __future__ import annotations
 
@@ -17,14 +18,19 @@ from starlette.types import Scope, Send
 from .asgi import Header
 from .decision import Decision, Verdict
 from .errors import ConfigError
-from .headers import policy_label
+from .headers import policy_label, retry_after_value
+from .limit_sets import LimitSet
+from .outcome import Rendered
 
 __all__ = [
     "RESPONSE_FORMATS",
     "Denial",
     "DeniedHook",
+    "Refusals",
     "ResponseFormat",
     "denial_body",
+    "denial_headers",
+    "denial_of",
     "error_body",
     "error_response",
     "iso_utc",
@@ -58,6 +64,62 @@ class Denial:
 
 DeniedHook = Callable[[Scope, Denial], "Response | Awaitable[Response]"]
 """``on_denied(scope, denial)`` returns the response to send instead of the default 429."""
+
+
+def denial_of(key: str, limit_set: LimitSet, verdict: Verdict, now: float) -> Denial:
+    """The denial of ``verdict`` (a refused one) for the caller ``key`` on ``limit_set``."""
+    binding = verdict.binding
+    if binding is None:  # a storage that refused without saying which limit did
+        msg = "a refused verdict names the decision that refused it"
+        raise ValueError(msg)
+    names = limit_set.names
+    return Denial(key, limit_set.tier.name, limit_set.route.label, verdict, binding, now,
+                  tuple(names.get((d.scope, d.limit), d.limit.name)
+                        for d in verdict.decisions if not d.allowed))
+
+
+def denial_headers(headers: list[Header], verdict: Verdict) -> list[Header]:
+    """A denial's headers: the rate-limit headers, then ``Retry-After`` (none when no
+    wait admits the request)."""
+    retry_after = retry_after_value(verdict.retry_after)
+    return headers if retry_after is None else [*headers, (b"retry-after", retry_after)]
+
+
+class Refusals:
+    """Renders every refusal the middleware sends: the 429 of a denial (in
+    ``response_format``), the 429 of a caller an override blocks, and the 503 while the
+    storage cannot decide and the policy is closed. With ``custom`` (an ``on_denied``
+    hook), the app answers denials and blocks: none of them is rendered here."""
+
+    __slots__ = ("custom", "format")
+
+    def __init__(self, response_format: ResponseFormat = "json", *, custom: bool = False) -> None:
+        self.format = check_format(response_format)
+        self.custom = custom
+
+    def denial(self, key: str, limit_set: LimitSet, verdict: Verdict, headers: list[Header],
+               now: float) -> Rendered | None:
+        """The 429 of ``verdict``, refused by its limits."""
+        if self.custom:
+            return None
+        content_type, body = denial_body(denial_of(key, limit_set, verdict, now), self.format)
+        return 429, content_type, body, denial_headers(headers, verdict)
+
+    def block(self, headers: list[Header], wait: int, now: float) -> Rendered | None:
+        """The 429 of a caller an override blocks for ``wait`` more seconds."""
+        if self.custom:
+            return None
+        until = iso_utc(now + wait)
+        body = json_body(error_body(
+            "blocked", f"Requests from this caller are blocked until {until}.",
+            retry_after_seconds=wait, limit=0, window=None, reset_at=until))
+        return 429, b"application/json", body, [*headers, (b"retry-after", b"%d" % wait)]
+
+    @staticmethod
+    def unavailable(retry_after: int) -> Rendered:
+        """The 503 while the storage cannot decide (``retry_after``: whole seconds)."""
+        return (503, b"application/json", unavailable_body(retry_after),
+                [(b"retry-after", b"%d" % retry_after)])
 
 
 def check_format(value: str) -> ResponseFormat:

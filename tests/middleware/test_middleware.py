@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,9 +21,13 @@ from starlette.websockets import WebSocket
 from ratelimit_mw import Hit, Limit, MemoryStorage, Storage
 from ratelimit_mw.decision import Lease, Verdict
 from ratelimit_mw.events import DecisionEvent
+from ratelimit_mw.headers import HeaderFormat
+from ratelimit_mw.limit_sets import make_limit_set
 from ratelimit_mw.middleware import RateLimitMiddleware
+from ratelimit_mw.outcome import Outcome
 from ratelimit_mw.rates import Rate
 from ratelimit_mw.responses import Denial
+from ratelimit_mw.routes import NO_ROUTE
 from ratelimit_mw.tiers import Tier
 from tests.conftest import FakeClock
 
@@ -201,6 +207,40 @@ async def test_blocked_key_answered_without_storage(
         clock.advance(30)
         assert (await client.get("/")).status_code == 200
     assert storage.calls == 3
+
+
+async def test_a_blocked_keys_denials_each_reach_the_hook(
+    clock: FakeClock, memory: MemoryStorage,
+) -> None:
+    """With ``on_denied``, a key answered from the cache of blocked keys still gets the
+    hook's response every time, with the denial's wait counting down."""
+    storage = Counting(memory)
+    seen: list[Denial] = []
+
+    def on_denied(scope: Scope, denial: Denial) -> Response:
+        seen.append(denial)
+        return PlainTextResponse(f"wait {math.ceil(denial.retry_after)}", status_code=429)
+
+    app = make_app(tiers=[Tier("t", [Limit("1/minute", "fixed_window")])], storage=storage,
+                   clock=clock, on_denied=on_denied)
+    async with client_for(app) as client:
+        await client.get("/")
+        texts = [(await client.get("/")).text]
+        clock.advance(10)
+        texts += [(await client.get("/")).text for _ in range(3)]
+    assert storage.calls == 2  # the last three from the cache
+    first = int(texts[0].split()[1])
+    assert texts[1:] == [f"wait {first - 10}"] * 3
+    assert len(seen) == 4
+
+
+def test_an_outcome_is_never_changed() -> None:
+    """What the limiter hands the middleware is frozen: a refusal rendered for one
+    request can be shared by the next without one changing it for the other."""
+    limit_set = make_limit_set(Tier("t", "1/minute"), NO_ROUTE, HeaderFormat("legacy"))
+    outcome = Outcome("k", limit_set, None, "storage", True, [], 0.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        outcome.response = (429, b"text/plain", b"", [])  # type: ignore[misc]
 
 
 async def test_other_keys_are_counted_apart(clock: FakeClock, memory: MemoryStorage) -> None:
