@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from .limits import Hit, Limit
 
-__all__ = ["NEVER", "Decision", "Lease", "Verdict", "binding_of", "decision_from"]
+__all__ = ["NEVER", "Decision", "Hold", "Lease", "Verdict", "binding_of", "decision_from"]
 
 NEVER = math.inf
 """``retry_after`` of a request whose cost is larger than the limit can ever admit."""
@@ -49,6 +49,13 @@ class Lease(NamedTuple):
     scope: str
     uid: str
     id: str
+
+
+Hold = Lease
+"""What a decision leaves open until its request ends, closed by
+``Storage.close_holds``: a concurrency slot's lease (closing gives the slot back).
+Reserved costs settled after the response and shaped requests' turns join it as kinds
+of their own (docs/internals.md, "Holds")."""
 
 
 class Verdict(NamedTuple):

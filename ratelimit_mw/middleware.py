@@ -5,10 +5,10 @@ HTTP request is keyed (client IP by default), given a tier and its route's limit
 and decided in one storage call; a 429 answers a denial, and rate-limit headers go
 on every limited response.
 
-A tier's ``concurrency`` takes a slot in that same call; the slot is given back just
-before the last body chunk goes out (a streaming body holds it to its end, within its
-lease), or when the app call ends otherwise (a client disconnect stops the response,
-the app raises).
+What a decision leaves open until the request ends (a tier's ``concurrency`` slot,
+taken in that same call) is ``holds.py``'s: closed just before the last body chunk
+goes out (a streaming body holds it to its end, within its lease), or when the app
+call ends otherwise (a client disconnect stops the response, the app raises).
 
 The deciding is ``Limiter``'s; downstream handlers find it in
 ``scope["state"]["ratelimit"]`` (see ``ratelimit_mw.quota``).
@@ -25,21 +25,21 @@ from typing import TYPE_CHECKING, Any
 from mypy_extensions import mypyc_attr
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .asgi import Header
 from .breaker import Gate
 from .callbacks import is_async_callable
-from .decision import Lease
 from .disconnects import DisconnectWatch, DisconnectWatches
-from .events import DecisionEvent, DecisionHook, Source
+from .events import DecisionEvent, DecisionHook
 from .failure import FailureStats
+from .holds import Held, Holding, Holds
 from .identity import KeyFunc, identity_from
 from .limiter import STATE_KEY, Limiter
 from .metrics import Metrics
 from .outcome import Outcome
 from .responses import DeniedHook, Refusals, denial_headers, denial_of, send_response
 from .routes import RouteRule
-from .sending import AddingHeaders, CompletingDenial, ReleasingSlots
+from .sending import AddingHeaders, CompletingDenial
 from .settings import RateLimitSettings
-from .slots import Slots
 from .startup import get_ready
 from .storage import Storage, storage_from_url
 from .storage.urls import redacted
@@ -115,7 +115,7 @@ class RateLimitMiddleware:
             _log.warning("ratelimit_mw: the route pattern %r matches no route of the app "
                          "(as its routes are when the middleware starts); its limits or "
                          "exemption never apply", pattern)
-        self.slots = Slots(storage, self.limiter.guarded.fallback,
+        self.holds = Holds(storage, self.limiter.guarded.fallback,
                            lease=settings.concurrency_lease, timeout=settings.storage_timeout,
                            metrics=metrics)
         self._watches = DisconnectWatches()
@@ -160,17 +160,16 @@ class RateLimitMiddleware:
             await self.app(scope, receive,
                            AddingHeaders(send, outcome.headers) if outcome.headers else send)
             return
-        await self._holding_slots(scope, receive, send, outcome, verdict.leases)
+        await self._holding(scope, receive, send, outcome.headers,
+                            Held(verdict.leases, outcome.source, outcome.limit_set.tier.name))
 
-    async def _holding_slots(self, scope: Scope, receive: Receive, send: Send,
-                             outcome: Outcome, leases: tuple[Lease, ...]) -> None:
-        """Run the app while the request holds concurrency slots (see ``ReleasingSlots``
-        for when they go back), renewed while it runs."""
-        headers, source = outcome.headers, outcome.source
-        self.slots.hold(leases, source, outcome.limit_set.tier.name)
-        sending = ReleasingSlots(send, headers, self.slots, leases, source,
-                                 scope["method"] == "HEAD")
-        watch = DisconnectWatch(receive, sending.release_soon, self._watches)
+    async def _holding(self, scope: Scope, receive: Receive, send: Send,
+                       headers: list[Header], held: Held) -> None:
+        """Run the app while the request holds something (see ``Holding`` for when it is
+        closed), its leases renewed while it runs."""
+        self.holds.take(held)
+        sending = Holding(send, headers, self.holds, held, scope["method"] == "HEAD")
+        watch = DisconnectWatch(receive, sending.close_soon, self._watches)
         # Not a finally, nor a bare raise: compiled with mypyc, either re-raises after an
         # await not the app's exception but one handled meanwhile (a failed release),
         # and loses a cancellation's match with its cancel scope (tests/middleware/
@@ -179,17 +178,17 @@ class RateLimitMiddleware:
             await self.app(scope, watch, sending)
         except BaseException as exc:
             if self._app_ended(watch, sending):
-                await sending.release()
+                await sending.close()
             raise exc
         if self._app_ended(watch, sending):
-            await sending.release()
+            await sending.close()
 
-    def _app_ended(self, watch: DisconnectWatch, sending: ReleasingSlots) -> bool:
-        """Stop watching and renewing; True when the slots are still to be given back
-        (the response did not)."""
+    def _app_ended(self, watch: DisconnectWatch, sending: Holding) -> bool:
+        """Stop watching and renewing; True when the holds are still to be closed (the
+        response did not)."""
         watch.stop()
-        self.slots.drop(sending.leases)
-        return sending.held
+        self.holds.drop(sending.held)
+        return sending.holding
 
     async def _not_http(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Websockets (limited only when asked to), lifespan, anything else: passed on."""
@@ -245,18 +244,18 @@ class RateLimitMiddleware:
             await self.app(scope, receive, send)
             return
         # A websocket holds its slot while it is connected, its lease renewed meanwhile.
-        leases, source = verdict.leases, outcome.source
-        self.slots.hold(leases, source, outcome.limit_set.tier.name)
-        try:  # not a finally: see _holding_slots
+        held = Held(verdict.leases, outcome.source, outcome.limit_set.tier.name)
+        self.holds.take(held)
+        try:  # not a finally: see _holding
             await self.app(scope, receive, send)
         except BaseException as exc:
-            await self._socket_ended(leases, source)
+            await self._socket_ended(held)
             raise exc
-        await self._socket_ended(leases, source)
+        await self._socket_ended(held)
 
-    async def _socket_ended(self, leases: tuple[Lease, ...], source: Source) -> None:
-        self.slots.drop(leases)
-        await self.slots.release(leases, source)
+    async def _socket_ended(self, held: Held) -> None:
+        self.holds.drop(held)
+        await self.holds.close(held)
 
     def _starting(self, send: Send) -> Send:
         """When the app reports its start-up complete, get the storage ready first (see

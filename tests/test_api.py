@@ -79,7 +79,7 @@ def test_removed_spellings_are_gone() -> None:
 
     assert not hasattr(ratelimit_mw.Limit, "parse")
     assert not hasattr(limits, "limits_from") and not hasattr(rates, "parse_rates")
-    for old in ("ratelimit_mw.policy", "ratelimit_mw.plans"):
+    for old in ("ratelimit_mw.policy", "ratelimit_mw.plans", "ratelimit_mw.slots"):
         with pytest.raises(ModuleNotFoundError):
             importlib.import_module(old)
     assert not hasattr(quota, "quota_routes") and not hasattr(quota, "QuotaEndpoints")

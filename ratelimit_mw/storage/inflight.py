@@ -7,19 +7,32 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
-from typing import Any, Literal, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import hiredis
 from redis import exceptions as redis_errors
 from redis.asyncio.connection import AbstractConnection
 
-__all__ = ["Batch", "Kind", "Owner", "Pipe", "Queued", "Slots", "fail", "forget", "live"]
+__all__ = ["DECIDE", "RELEASE", "Batch", "Kind", "Owner", "Pipe", "Queued", "TakenSlots", "fail",
+           "forget", "live"]
 
-Kind = Literal["decide", "release"]
-Slots = tuple[str, tuple[tuple[str, str], ...], str]
+
+class Kind(NamedTuple):
+    """What a pipelined command does. A command that ``closes`` what a request held
+    (a lease given back) is written even when its caller no longer waits, and still
+    sent when the storage closes; a decision nobody waits for is dropped instead."""
+
+    name: str
+    closes: bool = False
+
+
+DECIDE = Kind("decide")
+RELEASE = Kind("release", closes=True)
+
+TakenSlots = tuple[str, tuple[tuple[str, str], ...], str]
 """The concurrency slots a decision may take: its identity, ``(scope, uid)`` of each
 slot, and the lease id."""
-Queued = tuple[Kind, bytes, "asyncio.Future[Any]", float, Slots | None]
+Queued = tuple[Kind, bytes, "asyncio.Future[Any]", float, TakenSlots | None]
 """A packed command waiting for the next flush, the future of its reply, when its
 caller stops waiting (loop time; inf: never), and the slots a decision may take."""
 
@@ -207,8 +220,9 @@ def forget(connection: AbstractConnection) -> None:
 
 
 def live(entries: list[Queued]) -> list[Queued]:
-    """The entries to write: releases always, decisions whose callers still wait."""
-    return [entry for entry in entries if entry[0] == "release" or not entry[2].done()]
+    """The entries to write: those that close holds always, decisions whose callers
+    still wait."""
+    return [entry for entry in entries if entry[0].closes or not entry[2].done()]
 
 
 def fail(future: asyncio.Future[Any], exc: BaseException) -> None:

@@ -27,9 +27,9 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 
-from .inflight import Batch, Kind, Pipe, Queued, Slots, fail, forget, live
+from .inflight import Batch, Kind, Pipe, Queued, TakenSlots, fail, forget, live
 
-__all__ = ["Kind", "Pipeline", "Queued", "Slots"]
+__all__ = ["Kind", "Pipeline", "Queued", "TakenSlots"]
 
 _MOST_DOUBTFUL = 10_000  # slots kept to give back after a lost connection; more lapse
 
@@ -46,7 +46,7 @@ class Pipeline:
                  "_inflight", "_loop", "_pending", "_pipe", "_watch", "_watch_at", "script")
 
     def __init__(self, client: Redis, script: bytes,
-                 abandon: Callable[[Slots], None]) -> None:
+                 abandon: Callable[[TakenSlots], None]) -> None:
         self._client = client
         self.script = script
         self._abandon = abandon
@@ -65,7 +65,7 @@ class Pipeline:
         # The slots of decisions written on a connection lost before their reply: Redis
         # may still run them (a frozen Redis reads what was sent once it resumes), and
         # nobody would give those slots back. Given back once Redis answers again.
-        self._doubtful: list[Slots] = []
+        self._doubtful: list[TakenSlots] = []
 
     @property
     def connected(self) -> bool:
@@ -288,19 +288,19 @@ class Pipeline:
 
     async def close(self) -> None:
         """Close the connection; callers still waiting for a decision fail with a
-        ConnectionError. Slots being given back are not dropped: their ZREMs are
-        written, and their answers awaited for up to a second."""
+        ConnectionError. Commands that close holds (slots given back) are not dropped:
+        they are written, and their answers awaited for up to a second."""
         closed = redis_errors.ConnectionError("the storage was closed")
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._move_to(loop)  # nothing an earlier loop left can be closed from here
         for entry in self._pending:
-            if entry[0] != "release":
+            if not entry[0].closes:
                 fail(entry[2], closed)
-        self._pending = [entry for entry in self._pending if entry[0] == "release"]
+        self._pending = [entry for entry in self._pending if entry[0].closes]
         self.flush()
         waits = [entry[2] for entry in self._unanswered()
-                 if entry[0] == "release" and not entry[2].done()]
+                 if entry[0].closes and not entry[2].done()]
         if waits:
             await asyncio.wait(waits, timeout=1.0)
         if self._connecting is not None:

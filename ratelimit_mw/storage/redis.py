@@ -26,9 +26,10 @@ from .base import (
     bad_usage,
 )
 from .faults import CONNECTION_LOST, REDIS_FAILURES, cause
+from .inflight import DECIDE, RELEASE, Kind, TakenSlots
 from .keys import check_prefix, counter_suffix, glob_escape, identity_tag, redis_key
 from .lease_ids import new_lease_id
-from .pipe import Kind, Pipeline, Slots
+from .pipe import Pipeline
 from .pool import answer_within
 from .renewals import renew_leases
 from .scripts import decide_script_source, lua_source
@@ -161,7 +162,7 @@ class RedisStorage(Storage):
                 lease_id = new_lease_id() if slots else ""
                 command = packed.command(self._packed_tag(key), clock.encode(), lease_id.encode(),
                                          self._usage_arg(usage) if usage else b"")
-                reply = await self._queue("decide", command, wait,
+                reply = await self._queue(DECIDE, command, wait,
                                           (key, slots, lease_id) if slots else None)
             else:
                 tag = identity_tag(self.prefix, key)
@@ -252,7 +253,7 @@ class RedisStorage(Storage):
         return tag
 
     def _queue(self, kind: Kind, command: bytes, wait: float | None = None,
-               slots: Slots | None = None) -> asyncio.Future[Any]:
+               slots: TakenSlots | None = None) -> asyncio.Future[Any]:
         """Queue one command for the next flush (queued at once, so a caller cancelled
         right after still has its command sent). Its caller waits at most ``wait``
         seconds, else the client's socket timeout (a release at least 1 s, as a slot
@@ -261,13 +262,13 @@ class RedisStorage(Storage):
         future: asyncio.Future[Any] = loop.create_future()
         if wait is None:  # the pipe reads without redis-py, so its socket timeout is ours
             wait = self._socket_timeout
-        if kind == "release" and wait is not None:
+        if kind.closes and wait is not None:
             wait = max(1.0, wait)
         self._pipeline.put((kind, command, future,  # type: ignore[union-attr]
                             math.inf if wait is None else loop.time() + wait, slots), loop)
         return future
 
-    def _abandon(self, slots: Slots) -> None:
+    def _abandon(self, slots: TakenSlots) -> None:
         """Give back the slots of an admitted decision whose caller had given up."""
         key, taken, lease_id = slots
         for scope, uid in taken:
@@ -276,7 +277,7 @@ class RedisStorage(Storage):
     def _queue_release(self, lease: Lease) -> asyncio.Future[Any]:
         """The ZREM that gives ``lease``'s slot back, queued for the next flush."""
         name = self._packed_tag(lease.key) + self._encode(counter_suffix(lease.scope, lease.uid))
-        return self._queue("release", pack_release(name, lease.id.encode()), self._bound(None))
+        return self._queue(RELEASE, pack_release(name, lease.id.encode()), self._bound(None))
 
     def _queue_releases(self, leases: Sequence[Lease]) -> asyncio.Future[Any]:
         """The ZREMs of ``leases``, queued; done when all are answered (one future for
@@ -368,9 +369,9 @@ class RedisStorage(Storage):
                 # The pipelined connection carries the decisions: set it up, and load
                 # the scripts and probe through it.
                 for script in scripts:
-                    await self._queue("decide", pack_script_load(script), math.inf)
+                    await self._queue(DECIDE, pack_script_load(script), math.inf)
                 for probe in probes:
-                    await self._queue("decide", pack_command(*probe), math.inf)
+                    await self._queue(DECIDE, pack_command(*probe), math.inf)
             else:
                 await warm_client(self._client, scripts, probes, WARM_CONNECTIONS)
         except REDIS_FAILURES as exc:

@@ -25,6 +25,7 @@ from ratelimit_mw import ConfigError, Hit, Limit, RedisStorage, Storage, Storage
 from ratelimit_mw.decision import Lease, Verdict
 from ratelimit_mw.failure import GuardedStorage
 from ratelimit_mw.middleware import RateLimitMiddleware
+from ratelimit_mw.storage import inflight
 from ratelimit_mw.storage.lease_ids import new_lease_id
 from ratelimit_mw.tiers import Tier
 from tests.redis_servers import delayed
@@ -427,7 +428,7 @@ async def test_an_error_reply_fails_only_its_own_command(
     storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, timeout=1.0)
     try:
         await storage.decide("warm", [HIT])
-        bad = storage._queue("decide", b"*1\r\n$7\r\nNOTACMD\r\n", 1.0)
+        bad = storage._queue(inflight.DECIDE, b"*1\r\n$7\r\nNOTACMD\r\n", 1.0)
         good = storage.decide("k", [HIT])
         results = await asyncio.gather(bad, good, return_exceptions=True)
         assert "unknown command" in str(results[0]), results

@@ -516,7 +516,7 @@ async def test_releases_ride_in_the_decisions_pipeline(
     original = inflight.Pipe.write
 
     def recording(self: inflight.Pipe, batch: Any, entries: list[inflight.Queued]) -> None:
-        flushes.append([kind for kind, *_ in entries])
+        flushes.append([kind.name for kind, *_ in entries])
         original(self, batch, entries)
 
     monkeypatch.setattr(inflight.Pipe, "write", recording)

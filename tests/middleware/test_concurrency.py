@@ -522,7 +522,7 @@ async def test_redis_give_back_is_written_before_the_end_of_the_response(
     original = inflight.Pipe.write
 
     def recording(self: Any, batch: Any, entries: list[Any]) -> None:
-        events.extend("zrem" for entry in entries if entry[0] == "release")
+        events.extend("zrem" for entry in entries if entry[0] is inflight.RELEASE)
         original(self, batch, entries)
 
     monkeypatch.setattr(inflight.Pipe, "write", recording)
@@ -619,7 +619,7 @@ async def test_redis_slot_comes_back_however_the_app_call_ends(
     original = inflight.Pipe.write
 
     def recording(self: Any, batch: Any, entries: list[Any]) -> None:
-        released.extend(entry[0] for entry in entries if entry[0] == "release")
+        released.extend(entry[0].name for entry in entries if entry[0] is inflight.RELEASE)
         original(self, batch, entries)
 
     monkeypatch.setattr(inflight.Pipe, "write", recording)

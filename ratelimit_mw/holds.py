@@ -1,0 +1,223 @@
+"""What a request holds after its decision, until it ends: taking, renewing and closing it.
+
+A decision may leave something open until its request is over: today the leases of
+concurrency slots, which closing gives back. ``Holds`` (one per middleware) takes a
+request's holds when it is admitted, renews the leases while it runs, and closes them
+when it ends: just before the last body chunk goes out (``Holding``, the request's
+``send``), or when the app call ends otherwise (a client disconnect stops the
+response, the app raises). Closing never raises: a lease not given back ends by
+itself. Reserved costs settled after the response and shaped requests' turns are
+kinds of hold to come (docs/internals.md, "Holds").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Sequence
+from typing import NamedTuple
+
+from starlette.types import Message, Send
+
+from .asgi import Header
+from .decision import Hold, Lease
+from .errors import describe_error
+from .events import Source
+from .leases import LeaseRenewals
+from .metrics import Metrics
+from .sending import with_headers
+from .storage import Storage
+
+__all__ = ["Held", "Holding", "Holds"]
+
+_log = logging.getLogger("ratelimit_mw")
+
+
+class Held(NamedTuple):
+    """What one admitted request holds: its ``leases``, taken on the storage of
+    ``source``, by a caller of ``tier`` (for the metrics)."""
+
+    leases: tuple[Lease, ...]
+    source: Source
+    tier: str = ""
+
+
+class Holds:
+    """The holds of this worker's requests on ``storage`` (and on the ``fallback`` that
+    decides while it is down), with one verb for ending them: ``close``."""
+
+    __slots__ = ("_batch", "_fallback", "_metrics", "_renewals", "_storage", "_tasks")
+
+    def __init__(self, storage: Storage, fallback: Storage | None, *, lease: float,
+                 timeout: float, metrics: Metrics | None = None) -> None:
+        self._storage = storage
+        self._metrics = metrics
+        self._fallback = fallback
+        self._renewals = LeaseRenewals(lease, self.storage_of)
+        # A close awaited on the storage waits at most this long (a second at least: a
+        # slot not given back stays taken for its whole lease).
+        self._batch = _ClosingBatch(max(1.0, timeout))
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def storage_of(self, source: Source) -> Storage:
+        """The storage whose holds a verdict from ``source`` has."""
+        if source == "fallback" and self._fallback is not None:
+            return self._fallback
+        return self._storage
+
+    def take(self, held: Held) -> None:
+        """``held`` is held from now: its leases renewed until ``drop``."""
+        self._renewals.hold(held.leases, held.source)
+        if self._metrics is not None:
+            self._metrics.slots_in_flight(held.tier, len(held.leases))
+
+    def drop(self, held: Held) -> None:
+        """``held`` is closed (or about to be): no more renewing."""
+        self._renewals.drop(held.leases)
+        if self._metrics is not None:
+            self._metrics.slots_in_flight(held.tier, -len(held.leases))
+
+    def close_now(self, held: Held) -> bool:
+        """Close ``held`` without awaiting, if its storage can (see
+        ``Storage.close_holds_now``); False when ``close`` must be awaited."""
+        try:
+            return self.storage_of(held.source).close_holds_now(held.leases, self._not_closed)
+        except Exception as exc:
+            self._not_closed(held.leases, exc)
+            return True  # given up on: the lease ends it
+
+    async def close(self, held: Held) -> None:
+        """Close ``held``; never raises.
+
+        Without awaiting where the storage can; else in one ``close_holds`` call shared
+        by the requests ending in the same event-loop iteration, bounded by a timeout. A
+        cancelled request can't cut that call off: it goes on without the request.
+        """
+        if self.close_now(held):
+            return
+        task = asyncio.current_task()
+        cancelling = task is not None and task.cancelling()
+        try:
+            done = self._batch.submit(self.storage_of(held.source), held.leases)
+            if cancelling:
+                return
+            await asyncio.shield(done)
+        except Exception as exc:
+            self._not_closed(held.leases, exc)
+
+    def close_soon(self, held: Held) -> None:
+        """Close ``held`` now if its storage can, else in a task of its own."""
+        if not self.close_now(held):
+            task: asyncio.Task[None] = asyncio.ensure_future(self.close(held))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _not_closed(self, holds: Sequence[Hold], exc: BaseException) -> None:
+        """Log (and count) holds that could not be closed."""
+        _log.warning("ratelimit_mw: couldn't give back %d concurrency slot(s) (%s); they "
+                     "free themselves when their lease ends", len(holds), describe_error(exc))
+        if self._metrics is not None:
+            self._metrics.slot_release_failed(len(holds))
+
+
+class _ClosingBatch:
+    """Closes the holds of the requests that end in one event-loop iteration together,
+    in one ``close_holds`` call per storage bounded by a timeout (on Redis, the storage
+    sends them in the pipeline of that iteration's decisions)."""
+
+    __slots__ = ("_batches", "_tasks", "_timeout")
+
+    def __init__(self, timeout: float) -> None:
+        self._timeout = timeout
+        # id(storage) -> (storage, the holds queued, the future they share)
+        self._batches: dict[int, tuple[Storage, list[Hold], asyncio.Future[None]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def submit(self, storage: Storage, holds: Sequence[Hold]) -> asyncio.Future[None]:
+        """Queue ``holds``; the future resolves once they are closed (or failed to be)."""
+        batch = self._batches.get(id(storage))
+        if batch is None:
+            loop = asyncio.get_running_loop()
+            done: asyncio.Future[None] = loop.create_future()
+            done.add_done_callback(_mark_seen)
+            batch = self._batches[id(storage)] = (storage, [], done)
+            # The task starts on the next iteration: requests ending meanwhile join it.
+            task = loop.create_task(self._run(id(storage)))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        batch[1].extend(holds)
+        return batch[2]
+
+    async def _run(self, storage_id: int) -> None:
+        storage, holds, done = self._batches.pop(storage_id)
+        try:
+            async with asyncio.timeout(self._timeout):
+                await storage.close_holds(holds)
+        except Exception as exc:
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
+
+
+def _mark_seen(future: asyncio.Future[None]) -> None:
+    """Mark a batch's error as seen (its waiters may all have been cancelled)."""
+    if not future.cancelled():
+        future.exception()
+
+
+class Holding:
+    """``send`` for a request that holds something: adds ``headers`` to the response
+    start, and closes the holds just before the last body chunk (a HEAD response's
+    start, whose body is never sent), so that a client that has seen the end of its
+    response never finds its slot still taken, and a background task running after
+    the response does not hold it.
+
+    Where the storage closes holds without awaiting (memory, pipelined Redis) the
+    message goes out at once; else after the storage has answered. ``close`` and
+    ``close_soon`` close them when the request ends otherwise (the app raised, the
+    client left); each of the three closes them once at most.
+    """
+
+    __slots__ = ("head", "headers", "held", "holding", "holds", "send")
+
+    def __init__(self, send: Send, headers: list[Header], holds: Holds, held: Held,
+                 head: bool) -> None:
+        self.send = send
+        self.headers = headers
+        self.holds = holds
+        self.held = held
+        self.head = head
+        self.holding = True
+
+    def __call__(self, message: Message) -> Awaitable[None]:
+        kind = message["type"]
+        if kind == "http.response.start":
+            if self.headers:
+                message = with_headers(message, self.headers)
+            if self.head and self.holding:
+                return self._closed_then_sent(message)
+        elif self.holding and kind == "http.response.body" and not message.get("more_body"):
+            return self._closed_then_sent(message)
+        return self.send(message)
+
+    def _closed_then_sent(self, message: Message) -> Awaitable[None]:
+        self.holding = False
+        if self.holds.close_now(self.held):
+            return self.send(message)
+        return self._close_and_send(message)
+
+    async def _close_and_send(self, message: Message) -> None:
+        await self.holds.close(self.held)
+        await self.send(message)
+
+    async def close(self) -> None:
+        """Close the holds if the response did not (never raises)."""
+        if self.holding:
+            self.holding = False
+            await self.holds.close(self.held)
+
+    def close_soon(self) -> None:
+        """The client left: close the holds now, or in a task of their own."""
+        if self.holding:
+            self.holding = False
+            self.holds.close_soon(self.held)
