@@ -8,13 +8,27 @@ from typing import Any
 
 from mypy_extensions import mypyc_attr
 
-from .algorithms import ALGORITHMS, ALIASES, RATE_ALGORITHMS, AlgorithmName
+from .algorithms import (
+    ALGORITHMS,
+    ALIASES,
+    RATE_ALGORITHMS,
+    AlgorithmName,
+    RawStep,
+    Step,
+    calendar_month,
+    concurrency,
+    fixed_window,
+    gcra,
+    sliding_log,
+    sliding_window,
+    token_bucket,
+)
 from .errors import ConfigError
 from .rates import MAX_AMOUNT, MAX_PERIOD, Rate, parse_rate, split_rates
 
 __all__ = [
     "ALGORITHM_NAMES", "AlgorithmName", "Hit", "Limit", "LimitKey", "MergedHits", "as_limits",
-    "merge_hits",
+    "decide", "merge_hits", "run",
 ]
 
 ALGORITHM_NAMES = RATE_ALGORITHMS
@@ -256,3 +270,30 @@ def merge_hits(hits: Sequence[Hit]) -> Sequence[Hit]:
         else:
             merged[hit.slot] = Hit(seen.limit, seen.cost + hit.cost, hit.scope)
     return MergedHits(merged.values())
+
+
+def decide(state: Any, now: int, limit: Limit, cost: int) -> Step:
+    """Run ``limit``'s algorithm on ``state`` at ``now`` (microseconds)."""
+    return Step(*run(limit, state, now, cost))
+
+
+def run(limit: Limit, state: Any, now: int, cost: int) -> RawStep:
+    """``limit``'s algorithm on ``state`` at ``now``, as a plain tuple: the one place a
+    step is dispatched. Named calls rather than a function kept in the registry:
+    compiled, they pass the numbers and the answer without boxing them or building a
+    tuple (a test checks each registered name reaches its module)."""
+    kind = limit.algorithm
+    amount, period, capacity = limit.amount, limit.period_us, limit.capacity
+    if kind == "sliding_window":
+        return sliding_window.decide(state, now, amount, period, capacity, cost)
+    if kind == "token_bucket":
+        return token_bucket.decide(state, now, amount, period, capacity, cost)
+    if kind == "fixed_window":
+        return fixed_window.decide(state, now, amount, period, capacity, cost)
+    if kind == "concurrency":
+        return concurrency.decide(state, now, amount, period, capacity, cost)
+    if kind == "gcra":
+        return gcra.decide(state, now, amount, period, capacity, cost)
+    if kind == "sliding_log":
+        return sliding_log.decide(state, now, amount, period, capacity, cost)
+    return calendar_month.decide(state, now, amount, period, capacity, cost)

@@ -3,30 +3,19 @@
 No I/O and no clock reads: storages read the clock (or Redis's) and keep the state.
 Each module has a Lua twin of the same stem in ``ratelimit_mw/storage/lua``.
 ``ALGORITHMS`` is the one registry: every name, alias, capability and line of the docs'
-table comes from it (``docs/algorithms.md`` is checked against it).
+table comes from it (``docs/algorithms.md`` is checked against it); ``limits.run`` is
+the one place a limit's step is dispatched to its module.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
-from . import (
-    calendar_month,
-    concurrency,
-    fixed_window,
-    gcra,
-    sliding_log,
-    sliding_window,
-    token_bucket,
-)
 from .base import NEVER_US, RawStep, Step
-
-if TYPE_CHECKING:
-    from ..limits import Limit
 
 __all__ = [
     "ALGORITHMS", "ALIASES", "NEVER_US", "RATE_ALGORITHMS", "Algorithm", "AlgorithmName",
-    "RawStep", "Step", "decide", "run",
+    "RawStep", "Step",
 ]
 
 AlgorithmName = Literal[
@@ -83,29 +72,3 @@ ALIASES: dict[str, AlgorithmName] = {
 RATE_ALGORITHMS: tuple[AlgorithmName, ...] = tuple(
     name for name, algorithm in ALGORITHMS.items() if algorithm.rate)
 """The rate algorithms (``fixed_window`` to ``gcra``)."""
-
-def decide(state: Any, now: int, limit: Limit, cost: int) -> Step:
-    """Run ``limit``'s algorithm on ``state`` at ``now`` (microseconds)."""
-    return Step(*run(limit, state, now, cost))
-
-
-def run(limit: Limit, state: Any, now: int, cost: int) -> RawStep:
-    """``limit``'s algorithm on ``state`` at ``now``, as a plain tuple: the one place a
-    step is dispatched. Named calls rather than a function kept in the registry:
-    compiled, they pass the numbers and the answer without boxing them or building a
-    tuple (a test checks each registered name reaches its module)."""
-    kind = limit.algorithm
-    amount, period, capacity = limit.amount, limit.period_us, limit.capacity
-    if kind == "sliding_window":
-        return sliding_window.decide(state, now, amount, period, capacity, cost)
-    if kind == "token_bucket":
-        return token_bucket.decide(state, now, amount, period, capacity, cost)
-    if kind == "fixed_window":
-        return fixed_window.decide(state, now, amount, period, capacity, cost)
-    if kind == "concurrency":
-        return concurrency.decide(state, now, amount, period, capacity, cost)
-    if kind == "gcra":
-        return gcra.decide(state, now, amount, period, capacity, cost)
-    if kind == "sliding_log":
-        return sliding_log.decide(state, now, amount, period, capacity, cost)
-    return calendar_month.decide(state, now, amount, period, capacity, cost)

@@ -10,11 +10,10 @@ from typing import Any, ClassVar
 
 from mypy_extensions import mypyc_attr
 
-from ..algorithms import run
 from ..algorithms.concurrency import renewed, with_lease, without_lease
 from ..decision import Lease, Verdict, decision_from
 from ..errors import ConfigError
-from ..limits import Hit, merge_hits
+from ..limits import Hit, merge_hits, run
 from ..rates import MAX_AMOUNT
 from .base import (
     BUCKET_SECONDS,

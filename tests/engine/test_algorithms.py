@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ratelimit_mw import Limit
-from ratelimit_mw.algorithms import ALGORITHMS, ALIASES, NEVER_US, AlgorithmName, decide, run
-from ratelimit_mw.limits import ALGORITHM_NAMES
+from ratelimit_mw.algorithms import ALGORITHMS, ALIASES, NEVER_US, AlgorithmName
+from ratelimit_mw.limits import ALGORITHM_NAMES, decide, run
 
 START = 1_700_000_040_000_000  # a multiple of every window below: windows start here
 S = 1_000_000
