@@ -40,22 +40,21 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ratelimit_mw import (
     IdempotencyMiddleware,
+    Limit,
     RateLimitMiddleware,
     RateLimitSettings,
+    StorageError,
     TierByAPIKey,
     exempt,
     limit,
     quota_router,
 )
-from ratelimit_mw.breaker import CircuitBreaker
-from ratelimit_mw.breaker.guard import breaker_dependency
-from ratelimit_mw.errors import StorageError
+from ratelimit_mw.breaker import CircuitBreaker, breaker_dependency
 from ratelimit_mw.idempotency import (
     IdempotencyStore,
     MemoryIdempotencyStore,
     RedisIdempotencyStore,
 )
-from ratelimit_mw.limits import Limit
 from ratelimit_mw.metrics import PrometheusMetrics
 from ratelimit_mw.openapi import document_limits
 from ratelimit_mw.overrides import Override, Overrides, admin_router, caller_key

@@ -9,8 +9,9 @@ retrying client without the server side (Starlette, redis-py, pydantic). Type ch
 read the imports under ``typing.TYPE_CHECKING``, which a test keeps equal to ``_HOMES``.
 """
 
-import importlib
 import typing
+
+from .lazy import lazy_names as _lazy_names
 
 __version__ = "0.1.0"
 
@@ -94,22 +95,11 @@ def _is_compiled() -> bool:
     return spec is not None and (spec.origin or "").endswith(tuple(EXTENSION_SUFFIXES))
 
 
+_getattr, __dir__ = _lazy_names(__name__, _HOMES)
+
+
 def __getattr__(name: str) -> typing.Any:
     if name == "compiled":
-        value: typing.Any = _is_compiled()
-    elif name in _HOMES:
-        try:
-            home = importlib.import_module(_HOMES[name], __name__)
-        except AttributeError as exc:  # from inside the module: not a missing name here
-            msg = f"importing {name!r} from {__name__}{_HOMES[name]} failed: {exc}"
-            raise ImportError(msg) from exc
-        value = getattr(home, name)
-    else:
-        msg = f"module {__name__!r} has no attribute {name!r}"
-        raise AttributeError(msg)
-    globals()[name] = value  # read once: later reads find it without this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+        globals()[name] = compiled = _is_compiled()
+        return compiled
+    return _getattr(name)

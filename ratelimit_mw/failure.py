@@ -159,6 +159,19 @@ class GuardedStorage:
         left = self.breaker.remaining_cooldown
         return max(1, math.ceil(left if left > 0 else self.recovery_interval))
 
+    def decide_now(self, key: str, hits: Sequence[Hit], usage: int = 0) -> Verdict | None:
+        """The storage's verdict without awaiting, where it gives one (one in this
+        process, which a breaker and a timeout have nothing to guard), its call timed as
+        ``decide``'s is; None to await ``decide``."""
+        metrics = self.metrics
+        if metrics is None:
+            return self.storage.decide_now(key, hits, usage)
+        started = time.perf_counter()
+        verdict = self.storage.decide_now(key, hits, usage)
+        if verdict is not None:
+            metrics.storage_call(time.perf_counter() - started)
+        return verdict
+
     async def decide(
         self, key: str, hits: Sequence[Hit], *, usage: int = 0,
     ) -> tuple[Verdict | None, Source]:

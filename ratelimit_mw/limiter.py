@@ -198,14 +198,14 @@ class Limiter:
         key, limit_set = charge
         if limit_set.blocked_until:
             return self._from_override_block(key, limit_set)
-        storage = self.storage
+        guarded = self.guarded
         usage = self._usage and limit_set.route.cost
-        verdict = storage.decide_now(key, limit_set.hits, usage)
+        verdict = guarded.decide_now(key, limit_set.hits, usage)
         if verdict is None:
             return None
         if not verdict.allowed and limit_set.shadow_only(verdict):
             verdict = with_shadowed(
-                limit_set, verdict, storage.decide_now(key, limit_set.enforced, usage))
+                limit_set, verdict, guarded.decide_now(key, limit_set.enforced, usage))
         seen = verdict
         verdict, refused = self._as_reported(limit_set, verdict)
         now = verdict.at if verdict.at is not None else self.clock()

@@ -18,9 +18,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import ConfigError
 from ..responses import error_body
-from ._breaker import Permit
-from ._public import CircuitBreaker
-from ._state import CircuitOpenError, CircuitState, refusal_in
+from .circuit_breaker import CircuitBreaker
+from .core import Permit
+from .state import CircuitOpenError, CircuitState, refusal_in
 
 __all__ = [
     "BreakerGuard",

@@ -20,9 +20,9 @@ from typing import Any
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
-from ._breaker import Permit
-from ._public import CircuitBreaker, _check_callable, _check_number
-from ._state import CircuitOpenError, CircuitState
+from .circuit_breaker import CircuitBreaker, check_callable, check_number
+from .core import Permit
+from .state import CircuitOpenError, CircuitState
 
 __all__ = ["SharedCircuitBreaker"]
 
@@ -51,9 +51,9 @@ class SharedCircuitBreaker(CircuitBreaker):
                  on_state_change: Callable[[CircuitState, CircuitState], None] | None = None,
                  **options: Any) -> None:
         super().__init__(on_state_change=self._changed, **options)
-        _check_callable("on_state_change", on_state_change)
+        check_callable("on_state_change", on_state_change)
         self._hook = on_state_change
-        self._sync_interval = _check_number("sync_interval (seconds)", sync_interval, low=0)
+        self._sync_interval = check_number("sync_interval (seconds)", sync_interval, low=0)
         if isinstance(redis, str):
             self._redis = Redis.from_url(redis, socket_timeout=1.0, socket_connect_timeout=1.0)
             self._owns_client = True

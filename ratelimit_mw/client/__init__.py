@@ -18,13 +18,13 @@ Then ``httpx2.AsyncClient(transport=transport)`` or ``httpx.Client(transport=tra
 
 from __future__ import annotations
 
-from ._backoff import full_jitter
-from ._bucket import TokenBucket
-from ._budget import RetryBudget
-from ._circuit import CircuitOpenTransportError
-from ._errors import GiveUpReason, LimiterTimeout, RetriesExhausted
-from ._functions import arequest, request
-from ._hints import (
+from .backoff import full_jitter
+from .bucket import TokenBucket
+from .budget import RetryBudget
+from .circuit import CircuitOpenTransportError
+from .errors import GiveUpReason, LimiterTimeout, RetriesExhausted
+from .functions import arequest, request
+from .hints import (
     DEFAULT_HINTS,
     HintParser,
     Quota,
@@ -34,10 +34,10 @@ from ._hints import (
     read_quota,
     retry_after_hint,
 )
-from ._policy import RETRY_ERRORS, RETRY_METHODS, RETRY_STATUSES, RetryPolicy
-from ._retry_after import parse_retry_after
-from ._testing import is_testing, set_testing
-from ._transport import RetryTransport
+from .policy import RETRY_ERRORS, RETRY_METHODS, RETRY_STATUSES, RetryPolicy
+from .retry_after import parse_retry_after
+from .testing import is_testing, set_testing
+from .transport import RetryTransport
 
 __all__ = [
     "DEFAULT_HINTS",

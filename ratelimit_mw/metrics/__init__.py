@@ -10,34 +10,30 @@ The implementations load on first use, so importing this package needs neither e
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ._instruments import (
+from ..lazy import lazy_names as _lazy_names
+from .instruments import (
     ERROR_KINDS,
     IDEMPOTENCY_EVENTS,
+    INSTRUMENTS,
+    STORAGE_BUCKETS,
     DecisionOutcome,
     ErrorKind,
     IdempotencyEvent,
+    Instrument,
     Metrics,
     error_kind,
 )
 
 if TYPE_CHECKING:
-    from ._otel import OTelMetrics
-    from ._prometheus import PrometheusMetrics
+    from .otel import OTelMetrics
+    from .prometheus import PrometheusMetrics
 
-__all__ = ["ERROR_KINDS", "IDEMPOTENCY_EVENTS", "DecisionOutcome", "ErrorKind",
-           "IdempotencyEvent", "Metrics", "OTelMetrics", "PrometheusMetrics", "error_kind"]
+__all__ = ["ERROR_KINDS", "IDEMPOTENCY_EVENTS", "INSTRUMENTS", "STORAGE_BUCKETS",
+           "DecisionOutcome", "ErrorKind", "IdempotencyEvent", "Instrument", "Metrics",
+           "OTelMetrics", "PrometheusMetrics", "error_kind"]
 
-
-def __getattr__(name: str) -> Any:
-    if name == "PrometheusMetrics":
-        from ._prometheus import PrometheusMetrics
-
-        return PrometheusMetrics
-    if name == "OTelMetrics":
-        from ._otel import OTelMetrics
-
-        return OTelMetrics
-    msg = f"module {__name__!r} has no attribute {name!r}"
-    raise AttributeError(msg)
+_HOMES = {"OTelMetrics": ".otel", "PrometheusMetrics": ".prometheus"}
+"""The names that load their extra's library on first use, and their modules."""
+__getattr__, __dir__ = _lazy_names(__name__, _HOMES)

@@ -757,7 +757,7 @@ async def test_the_limiter_is_waited_for_within_the_budget_only(
 
 
 def _waiter(n: float) -> object:
-    from ratelimit_mw.client._bucket import _Waiter
+    from ratelimit_mw.client.bucket import _Waiter
 
     return _Waiter(n, lambda: None)
 

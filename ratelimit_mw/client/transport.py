@@ -8,15 +8,15 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from ..breaker import CircuitBreaker
-from . import _aio
-from ._attempts import Attempts, Retrying
-from ._bucket import TokenBucket
-from ._budget import RetryBudget
-from ._circuit import acquire_permit, refuse_if_open
-from ._http import HTTP_ERRORS, AsyncBaseTransport, BaseTransport, classes, library_of
-from ._metrics import ClientMetrics
-from ._policy import RetryPolicy
-from ._testing import is_testing
+from . import aio
+from .attempts import Attempts, Retrying
+from .bucket import TokenBucket
+from .budget import RetryBudget
+from .circuit import acquire_permit, refuse_if_open
+from .libraries import HTTP_ERRORS, AsyncBaseTransport, BaseTransport, classes, library_of
+from .metrics import ClientMetrics
+from .policy import RetryPolicy
+from .testing import is_testing
 
 if TYPE_CHECKING:
     import httpx
@@ -85,7 +85,7 @@ class RetryTransport(BaseTransport, AsyncBaseTransport):
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
-        async_sleep: Callable[[float], Awaitable[None]] = _aio.sleep,
+        async_sleep: Callable[[float], Awaitable[None]] = aio.sleep,
         random: Callable[[], float] = _random.random,
         metrics: ClientMetrics | None = None,
     ) -> None:

@@ -10,16 +10,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..breaker import CircuitBreaker, Permit
-from ._backoff import full_jitter
-from ._bucket import LONGEST_PAUSE, TokenBucket
-from ._budget import RetryBudget
-from ._circuit import record_outcome, refuse_if_open
-from ._errors import GiveUpReason, LimiterTimeout, RetriesExhausted
-from ._hints import read_quota, retry_after_hint
-from ._log import log_give_up, log_retry, loggable_url, logger
-from ._metrics import ClientMetrics
-from ._policy import RETRY_ERRORS, UNSENT_ERRORS, RetryPolicy
-from ._replay import add_idempotency_key, body_resendable, safe_to_replay
+from .backoff import full_jitter
+from .bucket import LONGEST_PAUSE, TokenBucket
+from .budget import RetryBudget
+from .circuit import record_outcome, refuse_if_open
+from .errors import GiveUpReason, LimiterTimeout, RetriesExhausted
+from .hints import read_quota, retry_after_hint
+from .log import log_give_up, log_retry, loggable_url, logger
+from .metrics import ClientMetrics
+from .policy import RETRY_ERRORS, UNSENT_ERRORS, RetryPolicy
+from .replay import add_idempotency_key, body_resendable, safe_to_replay
 
 if TYPE_CHECKING:
     import httpx

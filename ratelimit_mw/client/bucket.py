@@ -9,8 +9,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, NamedTuple
 
-from . import _aio
-from ._testing import is_testing
+from . import aio
+from .testing import is_testing
 
 if TYPE_CHECKING:
     import asyncio
@@ -99,7 +99,7 @@ class TokenBucket:
         *,
         adaptive: bool = False,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = _aio.sleep,
+        sleep: Callable[[float], Awaitable[None]] = aio.sleep,
         sleep_sync: Callable[[float], None] = time.sleep,
     ) -> None:
         if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate < math.inf:

@@ -8,8 +8,8 @@ from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
 
-from ._state import BreakerWatcher, CircuitOpenError, CircuitState, refusal_in
-from ._windows import CountWindow, TimeWindow
+from .state import BreakerWatcher, CircuitOpenError, CircuitState, refusal_in
+from .windows import CountWindow, TimeWindow
 
 __all__ = ["BreakerCore", "Permit"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._http import classes
-from ._policy import RetryPolicy
+from .libraries import classes
+from .policy import RetryPolicy
 
 if TYPE_CHECKING:
     import httpx

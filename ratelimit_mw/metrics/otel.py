@@ -1,7 +1,8 @@
 """The events as OpenTelemetry metrics (``opentelemetry-api``, extra ``otel``).
 
-The instruments carry the Prometheus implementation's names (without ``_total``,
-which OTel exporters add) and its attributes, so one dashboard reads either.
+The instruments are those of ``INSTRUMENTS``, as the Prometheus implementation makes
+them (names without ``_total``, which OTel exporters add; the same attributes), so one
+dashboard reads either.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from ..breaker import CircuitState
 from ..events import DecisionEvent
-from ._instruments import (
+from .instruments import (
+    INSTRUMENTS,
     UNMATCHED_ROUTE,
     ErrorKind,
     IdempotencyEvent,
@@ -24,7 +26,6 @@ from ._instruments import (
     outcome_of,
     policy_of,
 )
-from ._prometheus import STORAGE_BUCKETS
 
 __all__ = ["OTelMetrics"]
 
@@ -41,33 +42,31 @@ class OTelMetrics(Metrics):
     def __init__(self, meter_provider: Any = None, prefix: str = "ratelimit") -> None:
         meter = otel.get_meter("ratelimit_mw", meter_provider=meter_provider)
 
-        def name(short: str) -> str:
-            return f"{prefix}_{short}"
+        def make(name: str) -> Any:
+            instrument = INSTRUMENTS[name]
+            full = f"{prefix}_{instrument.name}"
+            if instrument.kind == "histogram":
+                return meter.create_histogram(
+                    full, unit=instrument.unit, description=instrument.help,
+                    explicit_bucket_boundaries_advisory=list(instrument.buckets))
+            create = (meter.create_up_down_counter if instrument.kind == "gauge"
+                      else meter.create_counter)
+            return create(full, unit=instrument.unit, description=instrument.help)
 
-        counter, updown = meter.create_counter, meter.create_up_down_counter
-        self._decisions = counter(name("decisions"), description="Requests decided")
-        self._denials = counter(name("policy_denials"), description="Denials by policy")
-        self._storage_seconds = meter.create_histogram(
-            name("storage_call_duration_seconds"), unit="s",
-            description="Decisions' storage calls",
-            explicit_bucket_boundaries_advisory=list(STORAGE_BUCKETS))
-        self._storage_errors = counter(name("storage_errors"), description="Failed calls")
-        self._slots = updown(name("slots_in_flight"), description="Concurrency slots held")
-        self._slot_failures = counter(name("slot_release_failures"),
-                                      description="Slots not given back")
-        self._circuit = updown(name("circuit_state"), description="1 for the breaker's state")
-        self._circuit_transitions = counter(name("circuit_transitions"),
-                                            description="Breaker state changes")
-        self._circuit_refused = counter(name("circuit_refused"),
-                                        description="Calls a breaker refused")
-        self._idempotency = counter(name("idempotency_events"),
-                                    description="Replays, conflicts, mismatches, store failures")
-        self._client_attempts = counter(name("client_attempts"), description="Attempts sent")
-        self._client_retries = counter(name("client_retries"), description="Retries by cause")
-        self._client_sleep = counter(name("client_sleep_seconds"), unit="s",
-                                     description="Time slept before retries")
-        self._client_give_ups = counter(name("client_give_ups"),
-                                        description="Requests given up on")
+        self._decisions = make("decisions")
+        self._denials = make("policy_denials")
+        self._storage_seconds = make("storage_call_duration_seconds")
+        self._storage_errors = make("storage_errors")
+        self._slots = make("slots_in_flight")
+        self._slot_failures = make("slot_release_failures")
+        self._circuit = make("circuit_state")
+        self._circuit_transitions = make("circuit_transitions")
+        self._circuit_refused = make("circuit_refused")
+        self._idempotency = make("idempotency_events")
+        self._client_attempts = make("client_attempts")
+        self._client_retries = make("client_retries")
+        self._client_sleep = make("client_sleep_seconds")
+        self._client_give_ups = make("client_give_ups")
 
     def decision(self, event: DecisionEvent) -> None:
         route = event.route or UNMATCHED_ROUTE

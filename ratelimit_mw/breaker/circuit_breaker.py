@@ -12,8 +12,8 @@ from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, Literal, ParamSpec, TypeVar
 
-from ._breaker import BreakerCore, Permit
-from ._state import CircuitState
+from .core import BreakerCore, Permit
+from .state import CircuitState
 
 __all__ = ["CircuitBreaker"]
 
@@ -26,7 +26,7 @@ _ENTERED: ContextVar[tuple[tuple[CircuitBreaker, Permit], ...]] = ContextVar(
 )
 
 
-def _check_number(name: str, value: object, *, low: float, high: float = math.inf) -> float:
+def check_number(name: str, value: object, *, low: float, high: float = math.inf) -> float:
     """``value`` as a float in ``(low, high]``, or a ValueError naming it."""
     if (
         isinstance(value, bool)
@@ -57,7 +57,7 @@ def _shown(value: object) -> str:
 _MOST_CALLS = 1_000_000  # a count window keeps one entry per call
 
 
-def _check_callable(name: str, value: object) -> None:
+def check_callable(name: str, value: object) -> None:
     if value is not None and not callable(value):
         msg = f"{name} must be callable or None, got {value!r}"
         raise TypeError(msg)
@@ -168,7 +168,7 @@ class CircuitBreaker(BreakerCore):
             )
             raise ValueError(msg)
         if slow_call_duration is not None:
-            slow_call_duration = _check_number("slow_call_duration", slow_call_duration, low=0)
+            slow_call_duration = check_number("slow_call_duration", slow_call_duration, low=0)
         if not isinstance(failure_exceptions, tuple) or not all(
             isinstance(kind, type) and issubclass(kind, Exception) for kind in failure_exceptions
         ):
@@ -181,7 +181,7 @@ class CircuitBreaker(BreakerCore):
             msg = ("failure_exceptions=() and no is_failure_result: no call could ever count "
                    "as a failure, so the breaker would never open")
             raise ValueError(msg)
-        slow_call_rate_threshold = _check_number(
+        slow_call_rate_threshold = check_number(
             "slow_call_rate_threshold (percent)", slow_call_rate_threshold, low=0, high=100)
         if slow_call_duration is None and slow_call_rate_threshold != 100.0:
             msg = (f"slow_call_rate_threshold={slow_call_rate_threshold!r} needs "
@@ -192,21 +192,21 @@ class CircuitBreaker(BreakerCore):
             ("is_failure_result", is_failure_result),
             ("on_state_change", on_state_change),
         ):
-            _check_callable(label, fn)
+            check_callable(label, fn)
         if not callable(clock):
             msg = f"clock must be a callable returning monotonic seconds, got {clock!r}"
             raise TypeError(msg)
 
         super().__init__(
             name,
-            _check_number(
+            check_number(
                 "failure_rate_threshold (percent)", failure_rate_threshold, low=0, high=100),
             window_type,
             window_size,
             minimum_calls,
-            _check_number("cooldown (seconds)", cooldown, low=0),
+            check_number("cooldown (seconds)", cooldown, low=0),
             _check_count("permitted_calls_in_half_open", permitted_calls_in_half_open),
-            _check_number("probe_timeout (seconds)", probe_timeout, low=0),
+            check_number("probe_timeout (seconds)", probe_timeout, low=0),
             slow_call_duration,
             slow_call_rate_threshold,
             failure_exceptions,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._budget import RetryBudget
-from ._http import DEFAULT_LIBRARY, library_of
-from ._policy import RetryPolicy
-from ._transport import RetryTransport
+from .budget import RetryBudget
+from .libraries import DEFAULT_LIBRARY, library_of
+from .policy import RetryPolicy
+from .transport import RetryTransport
 
 if TYPE_CHECKING:
     import httpx

@@ -13,8 +13,8 @@ import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple, TypeAlias
 
-from ._log import logger
-from ._retry_after import parse_delay_seconds, parse_retry_after
+from .log import logger
+from .retry_after import parse_delay_seconds, parse_retry_after
 
 if TYPE_CHECKING:
     import httpx

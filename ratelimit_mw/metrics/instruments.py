@@ -8,14 +8,15 @@ when one is given, so with none they report nothing and pay nothing.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Literal, NamedTuple, get_args
 
 from ..breaker import CircuitBreaker, CircuitState
 from ..errors import StorageError
 from ..events import DecisionEvent
 
-__all__ = ["ERROR_KINDS", "IDEMPOTENCY_EVENTS", "DecisionOutcome", "ErrorKind",
-           "IdempotencyEvent", "Metrics", "error_kind", "outcome_of", "policy_of"]
+__all__ = ["ERROR_KINDS", "IDEMPOTENCY_EVENTS", "INSTRUMENTS", "STORAGE_BUCKETS",
+           "DecisionOutcome", "ErrorKind", "IdempotencyEvent", "Instrument", "Metrics",
+           "error_kind", "outcome_of", "policy_of"]
 
 DecisionOutcome = Literal["allowed", "denied", "shadow_denied", "unavailable"]
 IdempotencyEvent = Literal["replay", "conflict", "mismatch", "store_failure"]
@@ -25,6 +26,53 @@ ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
 
 UNMATCHED_ROUTE = "unmatched"
 """The route label of requests that match no route of the app (one label for all)."""
+
+STORAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+"""Storage latency buckets, in seconds: a Redis round trip is well under a millisecond
+to a few."""
+
+
+class Instrument(NamedTuple):
+    """One instrument, as both backends make it: Prometheus (which adds ``_total`` to a
+    counter's name) and OpenTelemetry."""
+
+    name: str
+    """Without the namespace (``ratelimit_`` by default)."""
+    kind: Literal["counter", "gauge", "histogram"]
+    """A gauge goes up and down: an OTel up-down counter, a Prometheus gauge summed over
+    live workers."""
+    help: str
+    labels: tuple[str, ...] = ()
+    unit: str = ""
+    buckets: tuple[float, ...] = ()
+
+
+INSTRUMENTS: dict[str, Instrument] = {instrument.name: instrument for instrument in (
+    Instrument("decisions", "counter", "Requests decided, by outcome and source",
+               ("tier", "route", "outcome", "source")),
+    Instrument("policy_denials", "counter", "Denials by the limit that denied",
+               ("tier", "route", "policy", "outcome")),
+    Instrument("storage_call_duration_seconds", "histogram",
+               "Storage calls of decisions, awaited or not (see docs/metrics.md)",
+               unit="s", buckets=STORAGE_BUCKETS),
+    Instrument("storage_errors", "counter", "Failed storage calls, by kind", ("kind",)),
+    Instrument("slots_in_flight", "gauge", "Concurrency slots held", ("tier",)),
+    Instrument("slot_release_failures", "counter", "Slots that could not be given back"),
+    Instrument("circuit_state", "gauge", "1 for the breaker's state (summed over workers)",
+               ("breaker", "state")),
+    Instrument("circuit_transitions", "counter", "Breaker state changes",
+               ("breaker", "from_state", "to_state")),
+    Instrument("circuit_refused", "counter", "Calls a breaker refused", ("breaker",)),
+    Instrument("idempotency_events", "counter",
+               "Replays, conflicts (409), mismatches (422), store failures", ("event",)),
+    Instrument("client_attempts", "counter", "Attempts sent", ("host",)),
+    Instrument("client_retries", "counter", "Retries by cause", ("host", "cause")),
+    Instrument("client_sleep_seconds", "counter", "Time slept before retries", ("host",),
+               unit="s"),
+    Instrument("client_give_ups", "counter", "Requests given up on", ("host", "reason")),
+)}
+"""Every instrument ratelimit_mw reports: its name, kind, help text, labels and buckets,
+the one description both backends read."""
 
 
 def error_kind(error: BaseException) -> ErrorKind:

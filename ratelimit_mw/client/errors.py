@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from ._http import HTTPError, TimeoutException
+from .libraries import HTTPError, TimeoutException
 
 if TYPE_CHECKING:
     import httpx

@@ -8,8 +8,8 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ._hints import DEFAULT_HINTS, HintParser
-from ._http import classes
+from .hints import DEFAULT_HINTS, HintParser
+from .libraries import classes
 
 if TYPE_CHECKING:
     import httpx

@@ -8,7 +8,7 @@ over the workers: prometheus_client's multiprocess mode.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from typing import Any
 
 try:
@@ -31,9 +31,10 @@ from starlette.responses import Response
 from ..breaker import CircuitState
 from ..errors import ConfigError
 from ..events import DecisionEvent
-from ._instruments import (
+from .instruments import (
     ERROR_KINDS,
     IDEMPOTENCY_EVENTS,
+    INSTRUMENTS,
     UNMATCHED_ROUTE,
     ErrorKind,
     IdempotencyEvent,
@@ -41,13 +42,10 @@ from ._instruments import (
     outcome_of,
     policy_of,
 )
-from ._tally import Tally
+from .tally import Tally
 
-__all__ = ["STORAGE_BUCKETS", "PrometheusMetrics"]
+__all__ = ["PrometheusMetrics"]
 
-STORAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
-"""Storage latency buckets, in seconds: a Redis round trip is well under a millisecond
-to a few."""
 
 
 class PrometheusMetrics(Metrics):
@@ -73,42 +71,36 @@ class PrometheusMetrics(Metrics):
             raise ConfigError(msg)
         self.registry = registry if registry is not None else CollectorRegistry()
 
-        def make(kind: Callable[..., Any], name: str, doc: str, labels: tuple[str, ...] = (),
-                 **options: Any) -> Any:
-            return kind(name, doc, labels, namespace=namespace, registry=self.registry,
-                        **options)
+        kinds = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
 
-        decided = ("Requests decided, by outcome and source", ("tier", "route", "outcome",
-                                                               "source"))
+        def make(name: str) -> Any:
+            instrument = INSTRUMENTS[name]
+            options: dict[str, Any] = {}
+            if instrument.kind == "gauge":
+                options["multiprocess_mode"] = "livesum"
+            if instrument.buckets:
+                options["buckets"] = instrument.buckets
+            return kinds[instrument.kind](
+                instrument.name, instrument.help, instrument.labels, namespace=namespace,
+                registry=self.registry, **options)
+
+        decisions = INSTRUMENTS["decisions"]
         # Counted per request: as plain numbers, unless the workers share files.
-        self._decisions = (make(Counter, "decisions", *decided) if _multiprocess()
-                           else Tally(f"{namespace}_decisions", *decided, self.registry))
-        self._denials = make(Counter, "policy_denials", "Denials by the limit that denied",
-                             ("tier", "route", "policy", "outcome"))
-        self._storage_seconds = make(Histogram, "storage_call_duration_seconds",
-                                     "Decisions' storage calls", buckets=STORAGE_BUCKETS)
-        self._storage_errors = make(Counter, "storage_errors", "Failed storage calls",
-                                    ("kind",))
-        self._slots = make(Gauge, "slots_in_flight", "Concurrency slots held", ("tier",),
-                           multiprocess_mode="livesum")
-        self._slot_failures = make(Counter, "slot_release_failures",
-                                   "Slots that could not be given back")
-        self._circuit = make(Gauge, "circuit_state", "1 for the breaker's state (summed "
-                             "over workers)", ("breaker", "state"), multiprocess_mode="livesum")
-        self._circuit_transitions = make(Counter, "circuit_transitions", "Breaker state "
-                                         "changes", ("breaker", "from_state", "to_state"))
-        self._circuit_refused = make(Counter, "circuit_refused", "Calls a breaker refused",
-                                     ("breaker",))
-        self._idempotency = make(Counter, "idempotency_events",
-                                 "Replays, conflicts (409), mismatches (422), store failures",
-                                 ("event",))
-        self._client_attempts = make(Counter, "client_attempts", "Attempts sent", ("host",))
-        self._client_retries = make(Counter, "client_retries", "Retries by cause",
-                                    ("host", "cause"))
-        self._client_sleep = make(Counter, "client_sleep_seconds", "Time slept before retries",
-                                  ("host",))
-        self._client_give_ups = make(Counter, "client_give_ups", "Requests given up on",
-                                     ("host", "reason"))
+        self._decisions = (make("decisions") if _multiprocess() else Tally(
+            f"{namespace}_{decisions.name}", decisions.help, decisions.labels, self.registry))
+        self._denials = make("policy_denials")
+        self._storage_seconds = make("storage_call_duration_seconds")
+        self._storage_errors = make("storage_errors")
+        self._slots = make("slots_in_flight")
+        self._slot_failures = make("slot_release_failures")
+        self._circuit = make("circuit_state")
+        self._circuit_transitions = make("circuit_transitions")
+        self._circuit_refused = make("circuit_refused")
+        self._idempotency = make("idempotency_events")
+        self._client_attempts = make("client_attempts")
+        self._client_retries = make("client_retries")
+        self._client_sleep = make("client_sleep_seconds")
+        self._client_give_ups = make("client_give_ups")
         # Label children by their label values: labels() costs several times an inc().
         self._children: dict[Hashable, Any] = {}
         # Series of the known label values exist from the start, at 0 (an alert on them

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..breaker import CircuitBreaker, CircuitOpenError, CircuitState, Permit
-from ._http import TransportError
-from ._policy import RETRY_ERRORS
+from .libraries import TransportError
+from .policy import RETRY_ERRORS
 
 if TYPE_CHECKING:
     import httpx
