@@ -158,3 +158,22 @@ def test_the_docs_import_only_exported_names() -> None:
                     seen += 1
                     assert imported in module.__all__, (page.name, module_name, imported)
     assert seen > 40
+
+
+def test_each_class_name_is_defined_once() -> None:
+    """No two classes (or type aliases) of the package share a name: one concept, one
+    name, one place."""
+    defined: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "ratelimit_mw").rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                name = node.name
+            elif (isinstance(node, ast.Assign | ast.AnnAssign)
+                  and isinstance(target := (node.targets[0] if isinstance(node, ast.Assign)
+                                            else node.target), ast.Name)
+                  and target.id[:1].isupper() and not target.id.isupper()):
+                name = target.id
+            else:
+                continue
+            defined.setdefault(name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in defined.items() if len(paths) > 1} == {}

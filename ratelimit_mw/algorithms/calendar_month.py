@@ -8,7 +8,7 @@ the same steps as the Lua twin.
 from __future__ import annotations
 
 from .base import RawStep
-from .fixed_window import State, in_window
+from .fixed_window import FixedWindowState, in_window
 
 DAY_US = 86_400_000_000
 
@@ -45,7 +45,7 @@ def month_bounds(now: int) -> tuple[int, int]:
 
 
 def decide(
-    state: State | None, now: int, limit: int, period: int, capacity: int, cost: int,
+    state: FixedWindowState | None, now: int, limit: int, period: int, capacity: int, cost: int,
 ) -> RawStep:
     """Admit ``cost`` units if this calendar month has room (``period`` is ignored)."""
     start, end = month_bounds(now)

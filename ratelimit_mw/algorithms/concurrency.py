@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .base import NEVER_US, RawStep
 
-State = tuple[tuple[int, str], ...]
+ConcurrencyState = tuple[tuple[int, str], ...]
 
 RETRY_HINT_US = 1_000_000
 """A slot may free up at any moment; a denied request is told to retry within 1 s
@@ -17,11 +17,11 @@ RETRY_HINT_US = 1_000_000
 
 
 def decide(
-    state: State | None, now: int, amount: int, period: int, capacity: int, cost: int,
+    state: ConcurrencyState | None, now: int, amount: int, period: int, capacity: int, cost: int,
 ) -> RawStep:
     """Admit ``cost`` (1, or 0 to look) requests if that many slots are free."""
     if not state:
-        live: State = ()
+        live: ConcurrencyState = ()
     elif state[0][0] > now:  # sorted by expiry: the oldest alive, all alive
         live = state
     else:
@@ -37,7 +37,7 @@ def decide(
     return (True, capacity - in_flight - cost, max(reset, period), 0, live)
 
 
-def with_lease(live: State, now: int, period: int, lease_id: str) -> State:
+def with_lease(live: ConcurrencyState, now: int, period: int, lease_id: str) -> ConcurrencyState:
     """The state after an admitted request took the slot named ``lease_id``."""
     lease = (now + period, lease_id)
     if not live or live[-1][0] <= lease[0]:
@@ -45,7 +45,7 @@ def with_lease(live: State, now: int, period: int, lease_id: str) -> State:
     return tuple(sorted((*live, lease)))  # the clock went back: keep the order
 
 
-def renewed(state: State, now: int, period: int, lease_id: str) -> State:
+def renewed(state: ConcurrencyState, now: int, period: int, lease_id: str) -> ConcurrencyState:
     """The state after the request holding ``lease_id`` renewed its slot to a whole
     ``period`` from ``now``; a lease that has ended (or was given back) stays ended."""
     for i, (expires, held) in enumerate(state):
@@ -56,7 +56,7 @@ def renewed(state: State, now: int, period: int, lease_id: str) -> State:
     return state
 
 
-def without_lease(state: State, lease_id: str) -> State:
+def without_lease(state: ConcurrencyState, lease_id: str) -> ConcurrencyState:
     """The state after the request holding ``lease_id`` gave its slot back."""
     for i, lease in enumerate(state):
         if lease[1] == lease_id:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from .base import NEVER_US, RawStep
 
-State = tuple[int, int]
+FixedWindowState = tuple[int, int]
 
 
 def decide(
-    state: State | None, now: int, limit: int, period: int, capacity: int, cost: int,
+    state: FixedWindowState | None, now: int, limit: int, period: int, capacity: int, cost: int,
 ) -> RawStep:
     """Admit ``cost`` units at ``now`` if the current window has room."""
     start = now - now % period
@@ -20,7 +20,7 @@ def decide(
 
 
 def in_window(
-    state: State | None, now: int, start: int, end: int, limit: int, cost: int,
+    state: FixedWindowState | None, now: int, start: int, end: int, limit: int, cost: int,
 ) -> RawStep:
     """Admit ``cost`` units if the window ``[start, end)`` holding ``now`` has room."""
     count = state[1] if state is not None and state[0] == start else 0

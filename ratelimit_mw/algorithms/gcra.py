@@ -15,7 +15,7 @@ import math
 
 from .base import NEVER_US, RawStep, ceil_div
 
-State = tuple[int, int]
+GcraState = tuple[int, int]
 
 EXACT = 2**52
 """The most ticks a tolerance may span. Redis's Lua counts in doubles, exact below
@@ -42,7 +42,7 @@ def ticks(amount: int, period: int, capacity: int) -> tuple[int, int]:
 
 
 def decide(
-    state: State | None, now: int, amount: int, period: int, capacity: int, cost: int,
+    state: GcraState | None, now: int, amount: int, period: int, capacity: int, cost: int,
 ) -> RawStep:
     """Admit ``cost`` units unless that pushes the TAT beyond ``now + tau``."""
     per_us, interval = ticks(amount, period, capacity)

@@ -10,11 +10,11 @@ from bisect import bisect_right
 
 from .base import NEVER_US, RawStep
 
-State = tuple[int, ...]
+SlidingLogState = tuple[int, ...]
 
 
 def decide(
-    state: State | None, now: int, limit: int, period: int, capacity: int, cost: int,
+    state: SlidingLogState | None, now: int, limit: int, period: int, capacity: int, cost: int,
 ) -> RawStep:
     """Admit ``cost`` units if fewer than ``limit - cost`` are logged in the last period."""
     log = state or ()

@@ -14,11 +14,11 @@ import math
 
 from .base import NEVER_US, RawStep
 
-State = tuple[int, int, int]
+SlidingWindowState = tuple[int, int, int]
 _floor = math.floor
 
 
-def _counts(state: State | None, start: int, period: int) -> tuple[int, int]:
+def _counts(state: SlidingWindowState | None, start: int, period: int) -> tuple[int, int]:
     """The (current, previous) counts as seen from the window starting at ``start``."""
     if state is None:
         return 0, 0
@@ -34,13 +34,15 @@ def _used(current: int, previous: int, elapsed: int, period: int) -> float:
     return previous * ((period - elapsed) / period) + current
 
 
-def _admits(state: State | None, t: int, limit: int, period: int, cost: int) -> bool:
+def _admits(state: SlidingWindowState | None, t: int, limit: int, period: int, cost: int) -> bool:
     start = t - t % period
     current, previous = _counts(state, start, period)
     return _used(current, previous, t - start, period) + cost <= limit
 
 
-def _retry_at(state: State | None, now: int, limit: int, period: int, cost: int) -> int:
+def _retry_at(
+    state: SlidingWindowState | None, now: int, limit: int, period: int, cost: int,
+) -> int:
     """The first microsecond at which ``cost`` units fit, nothing else happening."""
     start = now - now % period
     current, previous = _counts(state, start, period)
@@ -73,7 +75,7 @@ def _retry_at(state: State | None, now: int, limit: int, period: int, cost: int)
 
 
 def decide(
-    state: State | None, now: int, limit: int, period: int, capacity: int, cost: int,
+    state: SlidingWindowState | None, now: int, limit: int, period: int, capacity: int, cost: int,
 ) -> RawStep:
     """Admit ``cost`` units if the weighted count of the sliding period has room."""
     start = now - now % period

@@ -12,10 +12,10 @@ import math
 
 from .base import NEVER_US, RawStep
 
-State = tuple[float, int]
+TokenBucketState = tuple[float, int]
 
 
-def _available(state: State | None, t: int, capacity: int, rate: float) -> float:
+def _available(state: TokenBucketState | None, t: int, capacity: int, rate: float) -> float:
     """Tokens in the bucket at ``t`` (a missing bucket is full)."""
     if state is None:
         return float(capacity)
@@ -26,7 +26,7 @@ def _available(state: State | None, t: int, capacity: int, rate: float) -> float
 
 
 def _first(
-    state: State | None, low: int, t: int, want: float, capacity: int, rate: float,
+    state: TokenBucketState | None, low: int, t: int, want: float, capacity: int, rate: float,
 ) -> int:
     """The first microsecond from ``low`` on at which the bucket holds ``want`` tokens.
 
@@ -41,7 +41,7 @@ def _first(
 
 
 def decide(
-    state: State | None, now: int, amount: int, period: int, capacity: int, cost: int,
+    state: TokenBucketState | None, now: int, amount: int, period: int, capacity: int, cost: int,
 ) -> RawStep:
     """Take ``cost`` tokens if the bucket holds that many."""
     rate = amount / period
