@@ -161,15 +161,12 @@ class GuardedStorage:
 
     def decide_now(self, key: str, hits: Sequence[Hit], usage: int = 0) -> Verdict | None:
         """The storage's verdict without awaiting, where it gives one (one in this
-        process, which a breaker and a timeout have nothing to guard), its call timed as
-        ``decide``'s is; None to await ``decide``."""
-        metrics = self.metrics
-        if metrics is None:
-            return self.storage.decide_now(key, hits, usage)
-        started = time.perf_counter()
+        process, which a breaker and a timeout have nothing to guard), counted in the
+        metrics but not timed; None to await ``decide``."""
         verdict = self.storage.decide_now(key, hits, usage)
-        if verdict is not None:
-            metrics.storage_call(time.perf_counter() - started)
+        metrics = self.metrics
+        if metrics is not None and verdict is not None:
+            metrics.storage_call_in_place()
         return verdict
 
     async def decide(

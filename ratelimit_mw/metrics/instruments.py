@@ -53,8 +53,9 @@ INSTRUMENTS: dict[str, Instrument] = {instrument.name: instrument for instrument
     Instrument("policy_denials", "counter", "Denials by the limit that denied",
                ("tier", "route", "policy", "outcome")),
     Instrument("storage_call_duration_seconds", "histogram",
-               "Storage calls of decisions, awaited or not (see docs/metrics.md)",
-               unit="s", buckets=STORAGE_BUCKETS),
+               "Decisions' awaited storage calls", unit="s", buckets=STORAGE_BUCKETS),
+    Instrument("storage_calls_in_place", "counter",
+               "Decisions a storage in this process made without awaiting (not timed)"),
     Instrument("storage_errors", "counter", "Failed storage calls, by kind", ("kind",)),
     Instrument("slots_in_flight", "gauge", "Concurrency slots held", ("tier",)),
     Instrument("slot_release_failures", "counter", "Slots that could not be given back"),
@@ -119,7 +120,11 @@ class Metrics:
         """A request was decided (the middleware's ``on_decision`` event)."""
 
     def storage_call(self, seconds: float) -> None:
-        """A decision's storage call took ``seconds`` (failed calls included)."""
+        """A decision's awaited storage call took ``seconds`` (failed calls included)."""
+
+    def storage_call_in_place(self) -> None:
+        """A storage in this process decided without awaiting (memory storage): counted,
+        not timed, since timing it would cost more than the call."""
 
     def storage_error(self, kind: ErrorKind) -> None:
         """A storage call failed (``error_kind`` of its exception)."""

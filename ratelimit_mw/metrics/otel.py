@@ -36,8 +36,8 @@ class OTelMetrics(Metrics):
 
     __slots__ = ("_circuit", "_circuit_refused", "_circuit_transitions", "_client_attempts",
                  "_client_give_ups", "_client_retries", "_client_sleep", "_decisions",
-                 "_denials", "_idempotency", "_slot_failures", "_slots", "_storage_errors",
-                 "_storage_seconds")
+                 "_denials", "_idempotency", "_in_place", "_slot_failures", "_slots",
+                 "_storage_errors", "_storage_seconds")
 
     def __init__(self, meter_provider: Any = None, prefix: str = "ratelimit") -> None:
         meter = otel.get_meter("ratelimit_mw", meter_provider=meter_provider)
@@ -56,6 +56,7 @@ class OTelMetrics(Metrics):
         self._decisions = make("decisions")
         self._denials = make("policy_denials")
         self._storage_seconds = make("storage_call_duration_seconds")
+        self._in_place = make("storage_calls_in_place")
         self._storage_errors = make("storage_errors")
         self._slots = make("slots_in_flight")
         self._slot_failures = make("slot_release_failures")
@@ -79,6 +80,9 @@ class OTelMetrics(Metrics):
 
     def storage_call(self, seconds: float) -> None:
         self._storage_seconds.record(seconds)
+
+    def storage_call_in_place(self) -> None:
+        self._in_place.add(1)
 
     def storage_error(self, kind: ErrorKind) -> None:
         self._storage_errors.add(1, {"kind": kind})

@@ -59,8 +59,8 @@ class PrometheusMetrics(Metrics):
 
     __slots__ = ("_children", "_circuit", "_circuit_refused", "_circuit_transitions",
                  "_client_attempts", "_client_give_ups", "_client_retries", "_client_sleep",
-                 "_decisions", "_denials", "_idempotency", "_slot_failures", "_slots",
-                 "_storage_errors", "_storage_seconds", "registry")
+                 "_decisions", "_denials", "_idempotency", "_in_place", "_slot_failures",
+                 "_slots", "_storage_errors", "_storage_seconds", "registry")
 
     def __init__(self, registry: CollectorRegistry | None = None,
                  namespace: str = "ratelimit") -> None:
@@ -84,12 +84,19 @@ class PrometheusMetrics(Metrics):
                 instrument.name, instrument.help, instrument.labels, namespace=namespace,
                 registry=self.registry, **options)
 
-        decisions = INSTRUMENTS["decisions"]
-        # Counted per request: as plain numbers, unless the workers share files.
-        self._decisions = (make("decisions") if _multiprocess() else Tally(
-            f"{namespace}_{decisions.name}", decisions.help, decisions.labels, self.registry))
+        def per_request(name: str) -> Any:
+            # Counted per request: as plain numbers, unless the workers share files.
+            if _multiprocess():
+                return make(name)
+            instrument = INSTRUMENTS[name]
+            return Tally(f"{namespace}_{name}", instrument.help, instrument.labels,
+                         self.registry)
+
+        self._decisions = per_request("decisions")
         self._denials = make("policy_denials")
         self._storage_seconds = make("storage_call_duration_seconds")
+        in_place = per_request("storage_calls_in_place")
+        self._in_place = in_place.labels_cell() if isinstance(in_place, Tally) else in_place
         self._storage_errors = make("storage_errors")
         self._slots = make("slots_in_flight")
         self._slot_failures = make("slot_release_failures")
@@ -138,6 +145,9 @@ class PrometheusMetrics(Metrics):
 
     def storage_call(self, seconds: float) -> None:
         self._storage_seconds.observe(seconds)
+
+    def storage_call_in_place(self) -> None:
+        self._in_place.inc()
 
     def storage_error(self, kind: ErrorKind) -> None:
         self._child(self._storage_errors, kind).inc()
