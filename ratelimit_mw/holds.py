@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Sequence
-from typing import NamedTuple
 
 from starlette.types import Message, Send
 
@@ -28,18 +27,9 @@ from .metrics import Metrics
 from .sending import with_headers
 from .storage import Storage
 
-__all__ = ["Held", "Holding", "Holds"]
+__all__ = ["Holding", "Holds"]
 
 _log = logging.getLogger("ratelimit_mw")
-
-
-class Held(NamedTuple):
-    """What one admitted request holds: its ``leases``, taken on the storage of
-    ``source``, by a caller of ``tier`` (for the metrics)."""
-
-    leases: tuple[Lease, ...]
-    source: Source
-    tier: str = ""
 
 
 class Holds:
@@ -65,50 +55,52 @@ class Holds:
             return self._fallback
         return self._storage
 
-    def take(self, held: Held) -> None:
-        """``held`` is held from now: its leases renewed until ``drop``."""
-        self._renewals.hold(held.leases, held.source)
+    def take(self, leases: tuple[Lease, ...], source: Source, tier: str) -> None:
+        """``leases``, granted by the storage of ``source`` to a request of ``tier``, are
+        held from now: renewed until ``drop``."""
+        self._renewals.hold(leases, source)
         if self._metrics is not None:
-            self._metrics.slots_in_flight(held.tier, len(held.leases))
+            self._metrics.slots_in_flight(tier, len(leases))
 
-    def drop(self, held: Held) -> None:
-        """``held`` is closed (or about to be): no more renewing."""
-        self._renewals.drop(held.leases)
+    def drop(self, leases: tuple[Lease, ...], tier: str) -> None:
+        """``leases`` are closed (or about to be): no more renewing."""
+        self._renewals.drop(leases)
         if self._metrics is not None:
-            self._metrics.slots_in_flight(held.tier, -len(held.leases))
+            self._metrics.slots_in_flight(tier, -len(leases))
 
-    def close_now(self, held: Held) -> bool:
-        """Close ``held`` without awaiting, if its storage can (see
-        ``Storage.close_holds_now``); False when ``close`` must be awaited."""
+    def close_now(self, leases: tuple[Lease, ...], source: Source) -> bool:
+        """Close ``leases`` without awaiting, where their storage can (a lease's own
+        no-await close, ``Storage.release_now``); False when ``close`` must be awaited."""
         try:
-            return self.storage_of(held.source).close_holds_now(held.leases, self._not_closed)
+            return self.storage_of(source).release_now(leases, self._not_closed)
         except Exception as exc:
-            self._not_closed(held.leases, exc)
+            self._not_closed(leases, exc)
             return True  # given up on: the lease ends it
 
-    async def close(self, held: Held) -> None:
-        """Close ``held``; never raises.
+    async def close(self, leases: tuple[Lease, ...], source: Source) -> None:
+        """Close ``leases``; never raises.
 
-        Without awaiting where the storage can; else in one ``close_holds`` call shared
-        by the requests ending in the same event-loop iteration, bounded by a timeout. A
-        cancelled request can't cut that call off: it goes on without the request.
+        Without awaiting where the storage can; else in one ``Storage.close_holds`` call
+        shared by the requests ending in the same event-loop iteration, bounded by a
+        timeout. A cancelled request can't cut that call off: it goes on without the
+        request.
         """
-        if self.close_now(held):
+        if self.close_now(leases, source):
             return
         task = asyncio.current_task()
         cancelling = task is not None and task.cancelling()
         try:
-            done = self._batch.submit(self.storage_of(held.source), held.leases)
+            done = self._batch.submit(self.storage_of(source), leases)
             if cancelling:
                 return
             await asyncio.shield(done)
         except Exception as exc:
-            self._not_closed(held.leases, exc)
+            self._not_closed(leases, exc)
 
-    def close_soon(self, held: Held) -> None:
-        """Close ``held`` now if its storage can, else in a task of its own."""
-        if not self.close_now(held):
-            task: asyncio.Task[None] = asyncio.ensure_future(self.close(held))
+    def close_soon(self, leases: tuple[Lease, ...], source: Source) -> None:
+        """Close ``leases`` now if their storage can, else in a task of their own."""
+        if not self.close_now(leases, source):
+            task: asyncio.Task[None] = asyncio.ensure_future(self.close(leases, source))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -166,11 +158,12 @@ def _mark_seen(future: asyncio.Future[None]) -> None:
 
 
 class Holding:
-    """``send`` for a request that holds something: adds ``headers`` to the response
-    start, and closes the holds just before the last body chunk (a HEAD response's
-    start, whose body is never sent), so that a client that has seen the end of its
-    response never finds its slot still taken, and a background task running after
-    the response does not hold it.
+    """``send`` for a request that holds something (the ``leases`` it took on the storage
+    of ``source``, as a caller of ``tier``): adds ``headers`` to the response start, and
+    closes the holds just before the last body chunk (a HEAD response's start, whose
+    body is never sent), so that a client that has seen the end of its response never
+    finds its slot still taken, and a background task running after the response does
+    not hold it.
 
     Where the storage closes holds without awaiting (memory, pipelined Redis) the
     message goes out at once; else after the storage has answered. ``close`` and
@@ -178,14 +171,16 @@ class Holding:
     client left); each of the three closes them once at most.
     """
 
-    __slots__ = ("head", "headers", "held", "holding", "holds", "send")
+    __slots__ = ("head", "headers", "holding", "holds", "leases", "send", "source", "tier")
 
-    def __init__(self, send: Send, headers: list[Header], holds: Holds, held: Held,
-                 head: bool) -> None:
+    def __init__(self, send: Send, headers: list[Header], holds: Holds,
+                 leases: tuple[Lease, ...], source: Source, tier: str, head: bool) -> None:
         self.send = send
         self.headers = headers
         self.holds = holds
-        self.held = held
+        self.leases = leases
+        self.source = source
+        self.tier = tier
         self.head = head
         self.holding = True
 
@@ -202,22 +197,22 @@ class Holding:
 
     def _closed_then_sent(self, message: Message) -> Awaitable[None]:
         self.holding = False
-        if self.holds.close_now(self.held):
+        if self.holds.close_now(self.leases, self.source):
             return self.send(message)
         return self._close_and_send(message)
 
     async def _close_and_send(self, message: Message) -> None:
-        await self.holds.close(self.held)
+        await self.holds.close(self.leases, self.source)
         await self.send(message)
 
     async def close(self) -> None:
         """Close the holds if the response did not (never raises)."""
         if self.holding:
             self.holding = False
-            await self.holds.close(self.held)
+            await self.holds.close(self.leases, self.source)
 
     def close_soon(self) -> None:
         """The client left: close the holds now, or in a task of their own."""
         if self.holding:
             self.holding = False
-            self.holds.close_soon(self.held)
+            self.holds.close_soon(self.leases, self.source)

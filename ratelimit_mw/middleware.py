@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any
 from mypy_extensions import mypyc_attr
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .asgi import Header
 from .breaker import Gate
 from .callbacks import is_async_callable
+from .decision import Lease
 from .disconnects import DisconnectWatch, DisconnectWatches
-from .events import DecisionEvent, DecisionHook
+from .events import DecisionEvent, DecisionHook, Source
 from .failure import FailureStats
-from .holds import Held, Holding, Holds
+from .holds import Holding, Holds
 from .identity import KeyFunc, identity_from
 from .limiter import STATE_KEY, Limiter
 from .metrics import Metrics
@@ -160,15 +160,16 @@ class RateLimitMiddleware:
             await self.app(scope, receive,
                            AddingHeaders(send, outcome.headers) if outcome.headers else send)
             return
-        await self._holding(scope, receive, send, outcome.headers,
-                            Held(verdict.leases, outcome.source, outcome.limit_set.tier.name))
+        await self._holding(scope, receive, send, outcome, verdict.leases)
 
-    async def _holding(self, scope: Scope, receive: Receive, send: Send,
-                       headers: list[Header], held: Held) -> None:
+    async def _holding(self, scope: Scope, receive: Receive, send: Send, outcome: Outcome,
+                       leases: tuple[Lease, ...]) -> None:
         """Run the app while the request holds something (see ``Holding`` for when it is
         closed), its leases renewed while it runs."""
-        self.holds.take(held)
-        sending = Holding(send, headers, self.holds, held, scope["method"] == "HEAD")
+        source, tier = outcome.source, outcome.limit_set.tier.name
+        self.holds.take(leases, source, tier)
+        sending = Holding(send, outcome.headers, self.holds, leases, source, tier,
+                          scope["method"] == "HEAD")
         watch = DisconnectWatch(receive, sending.close_soon, self._watches)
         # Not a finally, nor a bare raise: compiled with mypyc, either re-raises after an
         # await not the app's exception but one handled meanwhile (a failed release),
@@ -187,7 +188,7 @@ class RateLimitMiddleware:
         """Stop watching and renewing; True when the holds are still to be closed (the
         response did not)."""
         watch.stop()
-        self.holds.drop(sending.held)
+        self.holds.drop(sending.leases, sending.tier)
         return sending.holding
 
     async def _not_http(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -244,18 +245,18 @@ class RateLimitMiddleware:
             await self.app(scope, receive, send)
             return
         # A websocket holds its slot while it is connected, its lease renewed meanwhile.
-        held = Held(verdict.leases, outcome.source, outcome.limit_set.tier.name)
-        self.holds.take(held)
+        leases, source, tier = verdict.leases, outcome.source, outcome.limit_set.tier.name
+        self.holds.take(leases, source, tier)
         try:  # not a finally: see _holding
             await self.app(scope, receive, send)
         except BaseException as exc:
-            await self._socket_ended(held)
+            await self._socket_ended(leases, source, tier)
             raise exc
-        await self._socket_ended(held)
+        await self._socket_ended(leases, source, tier)
 
-    async def _socket_ended(self, held: Held) -> None:
-        self.holds.drop(held)
-        await self.holds.close(held)
+    async def _socket_ended(self, leases: tuple[Lease, ...], source: Source, tier: str) -> None:
+        self.holds.drop(leases, tier)
+        await self.holds.close(leases, source)
 
     def _starting(self, send: Send) -> Send:
         """When the app reports its start-up complete, get the storage ready first (see

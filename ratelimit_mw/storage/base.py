@@ -131,17 +131,9 @@ class Storage(ABC):
     async def close_holds(self, holds: Sequence[Hold]) -> None:
         """End what requests held after their decision, each hold once: a lease gives its
         slot back. The default hands each kind to its own method (``release``); a storage
-        may close a mixed batch in one call instead."""
+        may close a mixed batch in one call instead. Before awaiting it, the middleware
+        tries each kind's no-await method (``release_now``)."""
         await self.release(holds)
-
-    def close_holds_now(
-        self, holds: Sequence[Hold],
-        on_failure: Callable[[Sequence[Hold], BaseException], None],
-    ) -> bool:
-        """``close_holds`` without awaiting, where this storage can (see ``release_now``):
-        True when they are closed or on their way; False, the default's answer when
-        ``release_now`` can't, to await ``close_holds``."""
-        return self.release_now(holds, on_failure)
 
     @abstractmethod
     async def usage(
@@ -183,6 +175,5 @@ def bad_usage(units: object) -> ConfigError:
                        f"got {units!r}")
 
 
-_FAST_PATHS = {"decide": ("decide_now", "decide_within"), "release": ("release_now",),
-               "close_holds": ("close_holds_now",)}
+_FAST_PATHS = {"decide": ("decide_now", "decide_within"), "release": ("release_now",)}
 """The fast paths of each method, which must answer as the method itself would."""
