@@ -28,7 +28,7 @@ from .rates import MAX_AMOUNT, MAX_PERIOD, Rate, parse_rate, split_rates
 
 __all__ = [
     "ALGORITHM_NAMES", "AlgorithmName", "Hit", "Limit", "LimitKey", "MergedHits", "as_limits",
-    "decide", "merge_hits", "run",
+    "decide", "merge_hits", "run", "settle",
 ]
 
 ALGORITHM_NAMES = RATE_ALGORITHMS
@@ -297,3 +297,23 @@ def run(limit: Limit, state: Any, now: int, cost: int) -> RawStep:
     if kind == "sliding_log":
         return sliding_log.decide(state, now, amount, period, capacity, cost)
     return calendar_month.decide(state, now, amount, period, capacity, cost)
+
+
+def settle(limit: Limit, state: Any, now: int, at: int, delta: int) -> Any:
+    """``limit``'s state with ``delta`` more units charged (fewer, when negative) for a
+    request decided at ``at``, settled at ``now`` (microseconds): see each algorithm's
+    ``settle`` for how exact it is. A concurrency slot has nothing to settle."""
+    kind = limit.algorithm
+    if kind == "fixed_window":
+        return fixed_window.settle(state, now, at, limit.period_us, delta)
+    if kind == "sliding_window":
+        return sliding_window.settle(state, now, at, limit.period_us, delta)
+    if kind == "sliding_log":
+        return sliding_log.settle(state, now, at, limit.period_us, delta)
+    if kind == "token_bucket":
+        return token_bucket.settle(state, now, limit.capacity, delta)
+    if kind == "gcra":
+        return gcra.settle(state, now, limit.amount, limit.period_us, limit.capacity, delta)
+    if kind == "calendar_month":
+        return calendar_month.settle(state, now, at, delta)
+    return state

@@ -8,7 +8,7 @@ the same steps as the Lua twin.
 from __future__ import annotations
 
 from .base import RawStep
-from .fixed_window import FixedWindowState, in_window
+from .fixed_window import FixedWindowState, in_window, settle_in
 
 DAY_US = 86_400_000_000
 
@@ -50,3 +50,10 @@ def decide(
     """Admit ``cost`` units if this calendar month has room (``period`` is ignored)."""
     start, end = month_bounds(now)
     return in_window(state, now, start, end, limit, cost)
+
+
+def settle(state: FixedWindowState | None, now: int, at: int,
+           delta: int) -> FixedWindowState | None:
+    """The state with ``delta`` more units charged at ``at``, in ``at``'s month."""
+    start, end = month_bounds(at)
+    return settle_in(state, now, start, end, delta)

@@ -31,3 +31,22 @@ def in_window(
     used = count + cost
     new_state = (start, used) if cost else state
     return (True, limit - used, end - now if used else 0, 0, new_state)
+
+
+def settle(state: FixedWindowState | None, now: int, at: int, period: int,
+           delta: int) -> FixedWindowState | None:
+    """The state with ``delta`` more units (fewer, when negative) charged at ``at``, in
+    ``at``'s window; a window that has ended by ``now`` keeps nothing to settle."""
+    start = at - at % period
+    return settle_in(state, now, start, start + period, delta)
+
+
+def settle_in(state: FixedWindowState | None, now: int, start: int, end: int,
+              delta: int) -> FixedWindowState | None:
+    """``settle`` in the window ``[start, end)``. The count may pass the limit (debt):
+    nothing more is admitted until the window ends."""
+    if state is not None and state[0] == start:
+        return (start, max(0, state[1] + delta))
+    if state is None and now < end and delta > 0:  # nothing reserved (an estimate of 0)
+        return (start, delta)
+    return state

@@ -62,3 +62,21 @@ def decide(
         return (True, remaining, reset, 0, seen)
     return (True, -late // interval, ceil_div(new_ahead, per_us), 0,
             (now + new_ahead // per_us, new_ahead % per_us))
+
+
+def settle(state: GcraState | None, now: int, amount: int, period: int, capacity: int,
+           delta: int) -> GcraState | None:
+    """The TAT moved by ``delta`` emission intervals (back, when negative), as if the
+    reserved request had cost ``delta`` more: exact unless the bucket drained to empty
+    between the reservation and this settlement and a request came meanwhile. A TAT
+    beyond the tolerance is debt: nothing is admitted until it is within it again."""
+    per_us, interval = ticks(amount, period, capacity)
+    if state is None:  # an empty bucket: only a debt changes it, from now
+        if delta <= 0:
+            return None
+        total = now * per_us + delta * interval
+    else:
+        total = state[0] * per_us + state[1] + delta * interval
+    if total <= now * per_us:
+        return None
+    return (total // per_us, total % per_us)

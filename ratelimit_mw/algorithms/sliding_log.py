@@ -6,7 +6,7 @@ A unit admitted at ``t`` counts until ``t + period`` (exclusive).
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 
 from .base import NEVER_US, RawStep
 
@@ -36,3 +36,19 @@ def decide(
         at = bisect_right(live, now)
         return (True, limit - count - cost, reset, 0, live[:at] + (now,) * cost + live[at:])
     return (True, limit - count - cost, period, 0, live + (now,) * cost)
+
+
+def settle(state: SlidingLogState | None, now: int, at: int, period: int,
+           delta: int) -> SlidingLogState | None:
+    """The log with ``delta`` more units stamped ``at`` (or, negative, that many of the
+    units stamped ``at`` taken out): as if ``at``'s request had cost that much more.
+    Units of ``at`` that have expired by ``now`` are not written back."""
+    log = state or ()
+    if at <= now - period:
+        return state
+    if delta > 0:
+        place = bisect_right(log, at)
+        return log[:place] + (at,) * delta + log[place:]
+    first, last = bisect_left(log, at), bisect_right(log, at)
+    taken = min(-delta, last - first)
+    return log[:last - taken] + log[last:] if taken else state

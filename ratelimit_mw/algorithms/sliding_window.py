@@ -105,3 +105,22 @@ def decide(
         return (True, math.floor(limit - used), reset, 0, seen)
     return (True, _floor(limit - used - cost), start + 2 * period - now, 0,
                 (start, current + cost, previous))
+
+
+def settle(state: SlidingWindowState | None, now: int, at: int, period: int,
+           delta: int) -> SlidingWindowState | None:
+    """The state with ``delta`` more units (fewer, when negative) charged at ``at``: in
+    the count of ``at``'s window, whether it is still the current one or the previous
+    one by ``now``; older, it no longer counts."""
+    start = at - at % period
+    if state is None:  # nothing reserved (an estimate of 0): a count of its own
+        if delta <= 0 or now >= start + 2 * period:
+            return None
+        if now < start + period:
+            return (start, delta, 0)
+        return (start + period, 0, delta)
+    if state[0] == start:
+        return (start, max(0, state[1] + delta), state[2])
+    if state[0] == start + period:
+        return (state[0], state[1], max(0, state[2] + delta))
+    return state

@@ -65,3 +65,15 @@ def decide(
         return (True, math.floor(tokens), reset, 0, state)
     left = tokens - cost
     return (True, math.floor(left), math.ceil((capacity - left) / rate), 0, (left, now))
+
+
+def settle(state: TokenBucketState | None, now: int, capacity: int,
+           delta: int) -> TokenBucketState | None:
+    """The bucket with ``delta`` more tokens taken (given back, when negative), at its
+    last refill: exact unless it refilled to full between the reservation and this
+    settlement and a request came meanwhile (the cap already dropped the difference).
+    Tokens may go below 0 (debt): nothing is admitted until they have refilled."""
+    if state is None:  # a full bucket: only a debt changes it, from now
+        return (float(capacity - delta), now) if delta > 0 else None
+    tokens, last = state
+    return (min(float(capacity), tokens - delta), last)
