@@ -23,6 +23,8 @@ from .algorithms import (
     sliding_window,
     token_bucket,
 )
+from .charges import Settlement, settlement_of
+from .checks import is_token
 from .errors import ConfigError
 from .rates import MAX_AMOUNT, MAX_PERIOD, Rate, parse_rate, split_rates
 
@@ -57,6 +59,12 @@ class Limit:
     arrive at once, while ``rate`` is the sustained pace (it defaults to the rate's
     amount). ``name`` names the policy in headers.
 
+    A limit may be charged by what the response says (``charges.py``): ``count``
+    which responses count (``"failures"``, ``"successes"``, statuses), ``cost`` where
+    the real cost is read after the response (``cost_from_header(...)``), ``estimate``
+    what is reserved before the app runs (default: the request's cost). ``unit``
+    names what the limit counts, in headers (``"tokens"``: ``X-RateLimit-*-Tokens``).
+
     >>> str(Limit(Rate(10, 60), "token_bucket", burst=20))
     'token_bucket 10/minute burst 20'
     """
@@ -65,6 +73,9 @@ class Limit:
     algorithm: AlgorithmName = "sliding_window"
     burst: int | None = None
     name: str = ""
+    settlement: Settlement | None = None
+    """How its charge is settled after the response (None: decided before, as usual)."""
+    unit: str = "requests"
     amount: int = field(init=False, repr=False, compare=False)
     capacity: int = field(init=False, repr=False, compare=False)
     period_us: int = field(init=False, repr=False, compare=False)
@@ -76,7 +87,9 @@ class Limit:
     # Written out rather than generated, the checked arguments typed object (here and in
     # the constructors below): see ``checks``.
     def __init__(self, rate: object, algorithm: object = "sliding_window", *,
-                 burst: object = None, name: object = "") -> None:
+                 burst: object = None, name: object = "", count: object = None,
+                 cost: object = None, estimate: object = None,
+                 unit: object = "requests", settlement: object = None) -> None:
         set_ = object.__setattr__
         rate = parse_rate(rate)
         set_(self, "rate", rate)
@@ -110,15 +123,30 @@ class Limit:
         set_(self, "name", str(name) or self._default_name())
         # The storage identity of the counter: the shape, not the display name.
         set_(self, "uid", f"{kind}:{rate.amount}:{rate.period_us}:{capacity}")
+        if settlement is None:  # else given whole (dataclasses.replace, unpickling)
+            settlement = settlement_of(count, cost, estimate)
+        elif not isinstance(settlement, Settlement) or (count, cost, estimate) != (None,) * 3:
+            msg = f"settlement={settlement!r}: give count=, cost= and estimate= instead"
+            raise ConfigError(msg)
+        if settlement is not None and kind == "concurrency":
+            msg = ("a concurrency limit holds one slot per request: it has no charge to "
+                   "settle after the response (count=, cost=)")
+            raise ConfigError(msg)
+        set_(self, "settlement", settlement)
+        if not isinstance(unit, str) or not is_token(unit) or unit != unit.lower():
+            msg = f"unit must be a lower-case word such as 'tokens', got {unit!r}"
+            raise ConfigError(msg)
+        set_(self, "unit", unit)
         # Limits key the per-request lookups (policy names, header texts): hash once.
-        set_(self, "_hash", hash((rate, kind, burst, self.name)))
+        set_(self, "_hash", hash((rate, kind, burst, self.name, settlement, unit)))
 
     def __hash__(self) -> int:
         return self._hash
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Rebuilt, not copied: the cached hash is only valid in the process that made it.
-        return (_rebuild_limit, (type(self), self.rate, self.algorithm, self.burst, self.name))
+        return (_rebuild_limit, (type(self), self.rate, self.algorithm, self.burst, self.name,
+                                 self.settlement, self.unit))
 
     @classmethod
     def concurrency(cls, capacity: object, *, lease: object = 30.0, name: object = "") -> Limit:
@@ -147,14 +175,19 @@ class Limit:
         if self.is_concurrency:
             return f"concurrency {self.capacity} (lease {self.rate.period:g}s)"
         text = f"{self.algorithm} {self.rate}"
-        return f"{text} burst {self.burst}" if self.burst is not None else text
+        if self.burst is not None:
+            text += f" burst {self.burst}"
+        if self.unit != "requests":
+            text += f" ({self.unit})"
+        return text
 
 
 def _rebuild_limit(
     cls: type[Limit], rate: Rate, algorithm: str, burst: int | None, name: str,
+    settlement: Settlement | None = None, unit: str = "requests",
 ) -> Limit:
-    """Unpickle a limit (its constructor's ``burst`` and ``name`` are keyword-only)."""
-    return cls(rate, algorithm, burst=burst, name=name)
+    """Unpickle a limit (its constructor's arguments are keyword-only)."""
+    return cls(rate, algorithm, burst=burst, name=name, unit=unit, settlement=settlement)
 
 
 def as_limits(
