@@ -18,7 +18,12 @@ from typing import Any, Final
 from .errors import ConfigError
 
 __all__ = [
-    "Count", "CostReader", "Settlement", "cost_from", "cost_from_header", "cost_from_state",
+    "CostReader",
+    "Count",
+    "Settlement",
+    "cost_from",
+    "cost_from_header",
+    "cost_from_state",
     "count_of",
 ]
 
