@@ -144,7 +144,7 @@ def _units(value: object) -> int | None:
         value = value.decode("latin-1")
     if isinstance(value, str):
         text = value.strip()
-        if text.isdigit() and len(text) <= 13:  # ASCII digits only: no "+1", "1e3", "١"
+        if text.isdigit() and len(text) <= 13:  # no "+1", "1e3", nor other scripts' digits
             return min(int(text), MAX_UNITS) if text.isascii() else None
     return None
 
