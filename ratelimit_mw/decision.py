@@ -8,7 +8,8 @@ from typing import NamedTuple
 
 from .limits import Hit, Limit
 
-__all__ = ["NEVER", "Decision", "Hold", "Lease", "Verdict", "binding_of", "decision_from"]
+__all__ = ["NEVER", "Adjustment", "Decision", "Hold", "Lease", "Verdict", "binding_of",
+           "decision_from"]
 
 NEVER = math.inf
 """``retry_after`` of a request whose cost is larger than the limit can ever admit."""
@@ -51,11 +52,21 @@ class Lease(NamedTuple):
     id: str
 
 
-Hold = Lease
-"""What a decision leaves open until its request ends, closed by
-``Storage.close_holds``: a concurrency slot's lease (closing gives the slot back).
-Reserved costs settled after the response and shaped requests' turns join it as kinds
-of their own (docs/internals.md, "Holds")."""
+class Adjustment(NamedTuple):
+    """A reserved charge settled after its response: ``delta`` more units (fewer, when
+    negative) on ``hit``'s counter for the caller ``key``, whose request was decided at
+    ``at`` (epoch seconds on the storage's clock)."""
+
+    key: str
+    hit: Hit
+    delta: int
+    at: float
+
+
+Hold = Lease | Adjustment
+"""What closing a decision's holds asks of the storage (``Storage.close_holds``): give a
+concurrency slot back (its ``Lease``), or settle a reserved charge (an ``Adjustment``).
+A shaped request's turn joins them as a kind of its own (docs/internals.md, "Holds")."""
 
 
 class Verdict(NamedTuple):

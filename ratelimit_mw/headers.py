@@ -80,6 +80,11 @@ def _window(limit: Limit) -> int:
     return max(1, math.ceil(limit.period))
 
 
+def _unit(limit: Limit) -> str:
+    """``;qu="tokens"``: draft-11's quota unit, for a limit counting other than requests."""
+    return "" if limit.unit == "requests" else f';qu="{limit.unit}"'
+
+
 def _short_policy(limit: Limit) -> bytes:
     """``100;w=60``: the draft-6/7 policy of one limit (``2`` for a concurrency slot)."""
     if limit.is_concurrency:
@@ -145,15 +150,19 @@ class HeaderFormat:
         items = ",".join(
             f'"{policy_name(name)}";q={limit.capacity};qu="concurrent-requests"'
             if limit.is_concurrency else
-            f'"{policy_name(name)}";q={limit.capacity};w={_window(limit)}' for name, limit in named)
+            f'"{policy_name(name)}";q={limit.capacity};w={_window(limit)}{_unit(limit)}'
+            for name, limit in named)
         return [(b"ratelimit-policy", items.encode())]
 
     def dynamic(
         self, verdict: Verdict, names: Mapping[LimitKey, str], now: float, key: str = "",
+        metered: bool = False,
     ) -> list[Header]:
         """The per-request headers for ``verdict`` (``now`` in epoch seconds) of the
         caller ``key``: of the limits ``names`` names (a limit set's enforced limits), or of
-        every limit when it names none."""
+        every limit when it names none. ``metered``: some limit counts a unit other than
+        requests (tokens): reported apart, under its unit's suffix, in the styles with a
+        header per figure."""
         decisions = verdict.decisions
         allowed = verdict.allowed
         if 0 < len(names) < len(decisions):
@@ -162,6 +171,8 @@ class HeaderFormat:
             allowed = all(d.allowed for d in decisions)
         if not decisions:
             return []
+        if metered:
+            return self._metered(verdict, decisions, names, now, key)
         binding = binding_of(decisions, allowed)
         reset_after = binding.reset_after
         if binding.limit.is_concurrency:
@@ -196,6 +207,39 @@ class HeaderFormat:
                 (b"ratelimit-reset", b"%d" % _ceil(reset_after)),
                 (b"ratelimit-policy", _texts(binding.limit)[3]),
             )
+        return out
+
+    def _metered(self, verdict: Verdict, decisions: Sequence[Decision],
+                 names: Mapping[LimitKey, str], now: float, key: str) -> list[Header]:
+        """``dynamic``, with limits of other units than requests: the request limits as
+        usual, and each other unit's binding limit under its suffix
+        (``X-RateLimit-Remaining-Tokens``); draft-11 lists every policy as always."""
+        requests = tuple(d for d in decisions if d.limit.unit == "requests")
+        out = self.dynamic(verdict._replace(decisions=requests), names, now, key
+                           ) if requests else []
+        if self.ietf == "draft-11":
+            out = [header for header in out if header[0] != b"ratelimit"]
+            out.append((b"ratelimit", _draft11(
+                decisions, names, partition_key(key) if self.partition_key else "")))
+        by_unit: dict[str, list[Decision]] = {}
+        for d in decisions:
+            if d.limit.unit != "requests":
+                by_unit.setdefault(d.limit.unit, []).append(d)
+        for unit, metered in by_unit.items():
+            binding = binding_of(metered, all(d.allowed for d in metered))
+            suffix = b"-" + unit.encode()
+            if self.legacy:
+                out += (
+                    (b"x-ratelimit-limit" + suffix, b"%d" % binding.quota),
+                    (b"x-ratelimit-remaining" + suffix, b"%d" % binding.remaining),
+                    (b"x-ratelimit-reset" + suffix, b"%d" % _ceil(now + binding.reset_after)),
+                )
+            if self.ietf == "draft-6":
+                out += (
+                    (b"ratelimit-limit" + suffix, b"%d" % binding.quota),
+                    (b"ratelimit-remaining" + suffix, b"%d" % binding.remaining),
+                    (b"ratelimit-reset" + suffix, b"%d" % _ceil(binding.reset_after)),
+                )
         return out
 
 

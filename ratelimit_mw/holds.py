@@ -1,13 +1,14 @@
 """What a request holds after its decision, until it ends: taking, renewing and closing it.
 
-A decision may leave something open until its request is over: today the leases of
-concurrency slots, which closing gives back. ``Holds`` (one per middleware) takes a
-request's holds when it is admitted, renews the leases while it runs, and closes them
-when it ends: just before the last body chunk goes out (``Holding``, the request's
-``send``), or when the app call ends otherwise (a client disconnect stops the
-response, the app raises). Closing never raises: a lease not given back ends by
-itself. Reserved costs settled after the response and shaped requests' turns are
-kinds of hold to come (docs/internals.md, "Holds").
+A decision may leave something open until its request is over: the leases of
+concurrency slots, which closing gives back, and charges reserved before the app ran,
+which closing settles once the response has said what they cost (``SettlingHolding``).
+``Holds`` (one per middleware) takes a request's holds when it is admitted, renews the
+leases while it runs, and closes them when it ends: just before the last body chunk
+goes out (``Holding``, the request's ``send``), or when the app call ends otherwise (a
+client disconnect stops the response, the app raises). Closing never raises: a lease
+not given back ends by itself, a settlement not made leaves the estimate charged.
+Shaped requests' turns are a kind of hold to come (docs/internals.md, "Holds").
 """
 
 from __future__ import annotations
@@ -15,19 +16,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Sequence
+from typing import Any
 
 from starlette.types import Message, Send
 
 from .asgi import Header
-from .decision import Hold, Lease
+from .decision import Adjustment, Hold, Lease
 from .errors import describe_error
 from .events import Source
 from .leases import LeaseRenewals
+from .limits import Hit
 from .metrics import Metrics
 from .sending import with_headers
 from .storage import Storage
 
-__all__ = ["Holding", "Holds"]
+__all__ = ["Holding", "Holds", "SettlingHolding"]
 
 _log = logging.getLogger("ratelimit_mw")
 
@@ -104,12 +107,46 @@ class Holds:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    async def settle(self, adjustments: list[Adjustment], source: Source) -> None:
+        """Settle ``adjustments`` on the storage of ``source``; never raises (a failure
+        leaves the estimates charged, counted and logged)."""
+        storage = self.storage_of(source)
+        try:
+            if storage.settle_now(adjustments, self._not_closed):
+                return
+            async with asyncio.timeout(self._batch.timeout):
+                await storage.close_holds(adjustments)
+        except Exception as exc:
+            self._not_closed(adjustments, exc)
+
+    def settle_soon(self, adjustments: list[Adjustment], source: Source) -> None:
+        """``settle``, in a task of its own where it must be awaited."""
+        storage = self.storage_of(source)
+        try:
+            if storage.settle_now(adjustments, self._not_closed):
+                return
+        except Exception as exc:
+            self._not_closed(adjustments, exc)
+            return
+        task: asyncio.Task[None] = asyncio.ensure_future(self.settle(adjustments, source))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     def _not_closed(self, holds: Sequence[Hold], exc: BaseException) -> None:
         """Log (and count) holds that could not be closed."""
-        _log.warning("ratelimit_mw: couldn't give back %d concurrency slot(s) (%s); they "
-                     "free themselves when their lease ends", len(holds), describe_error(exc))
+        settlements = sum(1 for hold in holds if isinstance(hold, Adjustment))
+        slots = len(holds) - settlements
+        if slots:
+            _log.warning("ratelimit_mw: couldn't give back %d concurrency slot(s) (%s); they "
+                         "free themselves when their lease ends", slots, describe_error(exc))
+        if settlements:
+            _log.warning("ratelimit_mw: couldn't settle %d charge(s) after the response (%s); "
+                         "their estimates stay charged", settlements, describe_error(exc))
         if self._metrics is not None:
-            self._metrics.slot_release_failed(len(holds))
+            if slots:
+                self._metrics.slot_release_failed(slots)
+            if settlements:
+                self._metrics.settlement_failed(settlements)
 
 
 class _ClosingBatch:
@@ -117,10 +154,10 @@ class _ClosingBatch:
     in one ``close_holds`` call per storage bounded by a timeout (on Redis, the storage
     sends them in the pipeline of that iteration's decisions)."""
 
-    __slots__ = ("_batches", "_tasks", "_timeout")
+    __slots__ = ("_batches", "_tasks", "timeout")
 
     def __init__(self, timeout: float) -> None:
-        self._timeout = timeout
+        self.timeout = timeout
         # id(storage) -> (storage, the holds queued, the future they share)
         self._batches: dict[int, tuple[Storage, list[Hold], asyncio.Future[None]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -143,7 +180,7 @@ class _ClosingBatch:
     async def _run(self, storage_id: int) -> None:
         storage, holds, done = self._batches.pop(storage_id)
         try:
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout(self.timeout):
                 await storage.close_holds(holds)
         except Exception as exc:
             done.set_exception(exc)
@@ -182,7 +219,7 @@ class Holding:
         self.source = source
         self.tier = tier
         self.head = head
-        self.holding = True
+        self.holding = bool(leases)
 
     def __call__(self, message: Message) -> Awaitable[None]:
         kind = message["type"]
@@ -216,3 +253,100 @@ class Holding:
         if self.holding:
             self.holding = False
             self.holds.close_soon(self.leases, self.source)
+
+
+class SettlingHolding(Holding):
+    """``Holding`` for a request whose charges the response settles (``settled``, the
+    hits reserved at ``at`` for the caller ``key``): it reads the status and the
+    headers as the response starts (taking out a cost header the client is not to
+    see), and settles when the body ends, after the stream has had its say in the
+    request's ``state``. A client that leaves does not stop the app, and the app's
+    response settles when it comes; an app that raises settles as its 500 would; a
+    request cancelled before its response keeps its estimate charged."""
+
+    __slots__ = ("at", "costs", "key", "settled", "settling", "state", "status")
+
+    def __init__(self, send: Send, headers: list[Header], holds: Holds,
+                 leases: tuple[Lease, ...], source: Source, tier: str, head: bool,
+                 key: str, at: float, settled: tuple[Hit, ...], state: Any) -> None:
+        super().__init__(send, headers, holds, leases, source, tier, head)
+        self.key = key
+        self.at = at
+        self.settled = settled
+        self.state = state
+        self.settling = True
+        self.status = 0  # none seen yet
+        self.costs: list[int | None] = []
+
+    def __call__(self, message: Message) -> Awaitable[None]:
+        kind = message["type"]
+        if kind == "http.response.start" and not self.status:
+            message = self._started(message)
+            if self.head:
+                self._settle_soon()
+        elif kind == "http.response.body" and not message.get("more_body"):
+            self._settle_soon()
+        return super().__call__(message)
+
+    def _started(self, message: Message) -> Message:
+        """Note the status and the costs the headers say; drop the headers to hide."""
+        self.status = int(message.get("status", 500))
+        raw = message.get("headers") or ()
+        headers = {name.decode("latin-1").lower(): value.decode("latin-1")
+                   for name, value in raw}
+        hidden: set[bytes] = set()
+        for hit in self.settled:
+            reader = hit.limit.settlement.cost if hit.limit.settlement else None
+            if reader is None or reader.state:
+                self.costs.append(None)
+                continue
+            self.costs.append(reader.read(self.status, headers, None))
+            if reader.remove:
+                hidden.add(reader.header_bytes)
+        if hidden:
+            message = {**message, "headers": [
+                (name, value) for name, value in raw if name.lower() not in hidden]}
+        return message
+
+    def adjustments(self) -> list[Adjustment]:
+        """What the response settles: for each reserved hit, the real cost (0 when the
+        response does not count) less the estimate, where they differ."""
+        out = []
+        status = self.status or 500
+        for i, hit in enumerate(self.settled):
+            settlement = hit.limit.settlement
+            if settlement is None:
+                continue
+            actual = hit.cost
+            if not settlement.count.counts(status):
+                actual = 0
+            elif settlement.cost is not None:
+                read = (settlement.cost.read(status, {}, self.state) if settlement.cost.state
+                        else self.costs[i] if i < len(self.costs) else None)
+                if read is not None:
+                    actual = read
+            if actual != hit.cost:
+                out.append(Adjustment(self.key, hit, actual - hit.cost, self.at))
+        return out
+
+    def _settle_soon(self) -> None:
+        if self.settling:
+            self.settling = False
+            adjustments = self.adjustments()
+            if adjustments:
+                self.holds.settle_soon(adjustments, self.source)
+
+    async def close(self) -> None:
+        """Close what the response did not (the app raised or ended without one): the
+        leases, and the charges as its status says (500 when it sent none)."""
+        await super().close()
+        if self.settling:
+            self.settling = False
+            adjustments = self.adjustments()
+            if adjustments:
+                await self.holds.settle(adjustments, self.source)
+
+    def keep_estimates(self) -> None:
+        """The request was cancelled before its response: nothing says what it cost,
+        so its estimates stay charged."""
+        self.settling = False

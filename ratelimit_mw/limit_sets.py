@@ -44,6 +44,10 @@ class LimitSet:
     blocked_until: float = 0.0
     """When an override blocks its caller: the epoch time until which nothing is
     admitted (0: not blocked)."""
+    settled: tuple[Hit, ...] = ()
+    """The hits whose charge the response settles (their estimate reserved meanwhile)."""
+    metered: bool = False
+    """True when some limit counts another unit than requests (tokens, say)."""
 
     def shadow_only(self, verdict: Verdict) -> bool:
         """True when every limit that denied ``verdict`` is a shadow limit."""
@@ -63,7 +67,7 @@ def make_limit_set(
     tier's concurrency slot (always one slot, whatever the route's cost)."""
     tier_hits = tier.hits if route.cost == 1 else tuple(
         Hit(hit.limit, route.cost, hit.scope) for hit in tier.hits)
-    joined = tier_hits + route.hits
+    joined = tuple(_reserving(hit) for hit in tier_hits + route.hits)
     if tier.concurrency is not None:
         joined += (Hit(Limit.concurrency(tier.concurrency, lease=lease)),)
     shadow = {(hit.scope, hit.limit) for hit in tier_hits if hit.limit.name in tier.shadow}
@@ -87,8 +91,19 @@ def make_limit_set(
         taken.add(written)
         names[slot] = name
     named = [(names[(hit.scope, hit.limit)], hit.limit) for hit in reported]
-    return LimitSet(tier, route, hits, enforced, frozenset(shadow), names, tuple(fmt.static(named)),
-                tier.concurrency is not None, _clash(joined))
+    return LimitSet(tier, route, hits, enforced, frozenset(shadow), names,
+                    tuple(fmt.static(named)), tier.concurrency is not None, _clash(joined),
+                    settled=tuple(hit for hit in hits if hit.limit.settlement is not None),
+                    metered=any(hit.limit.unit != "requests" for hit in hits))
+
+
+def _reserving(hit: Hit) -> Hit:
+    """``hit`` at the cost reserved before the app runs: its limit's estimate, where it
+    gives one, else the request's cost."""
+    settlement = hit.limit.settlement
+    if settlement is None or settlement.estimate is None or settlement.estimate == hit.cost:
+        return hit
+    return Hit(hit.limit, settlement.estimate, hit.scope)
 
 
 def _clash(hits: Sequence[Hit]) -> tuple[Hit, Hit] | None:

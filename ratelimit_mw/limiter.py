@@ -305,7 +305,8 @@ class Limiter:
                 # Redis, the server's, so app servers with skewed clocks report the same.
                 now = verdict.at
             if self._format:
-                headers = self._format.dynamic(verdict, limit_set.names, now, key)
+                headers = self._format.dynamic(verdict, limit_set.names, now, key,
+                                               limit_set.metered)
                 if limit_set.static_headers:
                     headers = [*limit_set.static_headers, *headers]
             if not verdict.allowed:

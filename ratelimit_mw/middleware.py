@@ -16,6 +16,7 @@ The deciding is ``Limiter``'s; downstream handlers find it in
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import time
@@ -27,11 +28,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .breaker import Gate
 from .callbacks import is_async_callable
-from .decision import Lease
+from .decision import Lease, Verdict
 from .disconnects import DisconnectWatch, DisconnectWatches
+from .errors import ConfigError
 from .events import DecisionEvent, DecisionHook, Source
 from .failure import FailureStats
-from .holds import Holding, Holds
+from .holds import Holding, Holds, SettlingHolding
 from .identity import KeyFunc, identity_from
 from .limiter import STATE_KEY, Limiter
 from .metrics import Metrics
@@ -111,6 +113,7 @@ class RateLimitMiddleware:
                                                  custom=on_denied is not None),
                                metrics=metrics,
                                overrides=overrides)
+        _check_settles(storage, self.limiter)
         for pattern in self.limiter.routes.unreachable():
             _log.warning("ratelimit_mw: the route pattern %r matches no route of the app "
                          "(as its routes are when the middleware starts); its limits or "
@@ -156,20 +159,26 @@ class RateLimitMiddleware:
             await self._refuse(scope, receive, send, outcome)
             return
         verdict = outcome.verdict
-        if verdict is None or not verdict.leases:
+        if verdict is None or not (verdict.leases or outcome.limit_set.settled):
             await self.app(scope, receive,
                            AddingHeaders(send, outcome.headers) if outcome.headers else send)
             return
-        await self._holding(scope, receive, send, outcome, verdict.leases)
+        await self._holding(scope, receive, send, outcome, verdict)
 
     async def _holding(self, scope: Scope, receive: Receive, send: Send, outcome: Outcome,
-                       leases: tuple[Lease, ...]) -> None:
+                       verdict: Verdict) -> None:
         """Run the app while the request holds something (see ``Holding`` for when it is
         closed), its leases renewed while it runs."""
-        source, tier = outcome.source, outcome.limit_set.tier.name
-        self.holds.take(leases, source, tier)
-        sending = Holding(send, outcome.headers, self.holds, leases, source, tier,
-                          scope["method"] == "HEAD")
+        source, limit_set = outcome.source, outcome.limit_set
+        leases, tier = verdict.leases, limit_set.tier.name
+        if leases:
+            self.holds.take(leases, source, tier)
+        head = scope["method"] == "HEAD"
+        sending = Holding(send, outcome.headers, self.holds, leases, source, tier, head
+                          ) if not limit_set.settled else SettlingHolding(
+            send, outcome.headers, self.holds, leases, source, tier, head, outcome.key,
+            verdict.at if verdict.at is not None else outcome.now, limit_set.settled,
+            scope["state"])
         watch = DisconnectWatch(receive, sending.close_soon, self._watches)
         # Not a finally, nor a bare raise: compiled with mypyc, either re-raises after an
         # await not the app's exception but one handled meanwhile (a failed release),
@@ -178,6 +187,8 @@ class RateLimitMiddleware:
         try:
             await self.app(scope, watch, sending)
         except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError) and isinstance(sending, SettlingHolding):
+                sending.keep_estimates()
             if self._app_ended(watch, sending):
                 await sending.close()
             raise exc
@@ -188,8 +199,9 @@ class RateLimitMiddleware:
         """Stop watching and renewing; True when the holds are still to be closed (the
         response did not)."""
         watch.stop()
-        self.holds.drop(sending.leases, sending.tier)
-        return sending.holding
+        if sending.leases:
+            self.holds.drop(sending.leases, sending.tier)
+        return sending.holding or (isinstance(sending, SettlingHolding) and sending.settling)
 
     async def _not_http(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Websockets (limited only when asked to), lifespan, anything else: passed on."""
@@ -346,6 +358,21 @@ def _check_objects(*, settings: object, storage: object, breaker: object, metric
         msg = (f"on_decision must be a plain (not async) function, got {on_decision!r}: it "
                f"runs on every decision; hand slow work to a queue or a task of your own")
         raise TypeError(msg)
+
+
+def _check_settles(storage: Storage, limiter: Limiter) -> None:
+    """A ConfigError when a limit settles its charge after the response (``count=``,
+    ``cost=``) on a storage that can't."""
+    if storage.settles:
+        return
+    hits = [hit for tier in limiter.tiers.tiers.values() for hit in tier.hits]
+    hits += [hit for spec in limiter.routes.known_specs() for hit in spec.hits]
+    for hit in hits:
+        if hit.limit.settlement is not None:
+            msg = (f"limit {hit.limit.name!r} ({hit.limit}) settles its charge after the "
+                   f"response ({hit.limit.settlement!r}), which {storage!r} can't do; use "
+                   f"MemoryStorage or RedisStorage")
+            raise ConfigError(msg)
 
 
 def _storage_from(settings: RateLimitSettings, clock: Callable[[], float]) -> Storage:

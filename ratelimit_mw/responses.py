@@ -136,7 +136,8 @@ def _per(decision: Decision) -> str:
     """``100 requests per minute``; ``10 requests per minute (bursts of up to 20)`` for
     a bucket whose burst is not its rate (the body's ``limit`` is the burst)."""
     rate = decision.limit.rate
-    noun = "request" if rate.amount == 1 else "requests"
+    unit = decision.limit.unit
+    noun = unit.removesuffix("s") if rate.amount == 1 else unit
     per = f"{rate.amount} {noun} per {str(rate).split('/', 1)[1]}"
     if decision.quota != rate.amount:
         per += f" (bursts of up to {decision.quota})"

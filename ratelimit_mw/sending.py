@@ -27,6 +27,12 @@ _LIMITER_INITIALS = frozenset(b"xXrR")
 """Their first letters, either case, as the ints a name's first byte reads as."""
 
 
+def _limiters(name: bytes) -> bool:
+    """Whether the lower-case ``name`` is one the middleware may add (a unit's own
+    ``x-ratelimit-remaining-tokens`` included)."""
+    return name in _LIMITER_HEADERS or name.startswith((b"x-ratelimit-", b"ratelimit-"))
+
+
 def with_headers(message: Message, headers: list[Header]) -> Message:
     """A copy of the response start ``message`` with ``headers`` added, but for those
     the app set itself (its own win: never two of one name, which clients can't read).
@@ -34,7 +40,7 @@ def with_headers(message: Message, headers: list[Header]) -> Message:
     own = message.get("headers", ())
     for name, _ in own:
         # The first letter first: most names go by without a lower-cased copy or a hash.
-        if name and name[0] in _LIMITER_INITIALS and name.lower() in _LIMITER_HEADERS:
+        if name and name[0] in _LIMITER_INITIALS and _limiters(name.lower()):
             names = {name.lower() for name, _ in own}
             headers = [header for header in headers if header[0] not in names]
             break

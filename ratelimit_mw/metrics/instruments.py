@@ -59,6 +59,8 @@ INSTRUMENTS: dict[str, Instrument] = {instrument.name: instrument for instrument
     Instrument("storage_errors", "counter", "Failed storage calls, by kind", ("kind",)),
     Instrument("slots_in_flight", "gauge", "Concurrency slots held", ("tier",)),
     Instrument("slot_release_failures", "counter", "Slots that could not be given back"),
+    Instrument("settlement_failures", "counter",
+               "Charges not settled after the response (their estimates stay charged)"),
     Instrument("circuit_state", "gauge", "1 for the breaker's state (summed over workers)",
                ("breaker", "state")),
     Instrument("circuit_transitions", "counter", "Breaker state changes",
@@ -134,6 +136,10 @@ class Metrics:
 
     def slot_release_failed(self, count: int) -> None:
         """``count`` slots could not be given back (their lease ends them)."""
+
+    def settlement_failed(self, count: int) -> None:
+        """``count`` charges could not be settled after the response (the storage
+        failed): their estimates stay charged."""
 
     def circuit_state(self, breaker: str, old: CircuitState | None,
                       new: CircuitState) -> None:

@@ -35,8 +35,8 @@ class OTelMetrics(Metrics):
     by default); the exporter is the application's own."""
 
     __slots__ = ("_circuit", "_circuit_refused", "_circuit_transitions", "_client_attempts",
-                 "_client_give_ups", "_client_retries", "_client_sleep", "_decisions",
-                 "_denials", "_idempotency", "_in_place", "_slot_failures", "_slots",
+                 "_client_give_ups", "_client_retries", "_client_sleep", "_decisions", "_denials",
+                 "_idempotency", "_in_place", "_settle_failures", "_slot_failures", "_slots",
                  "_storage_errors", "_storage_seconds")
 
     def __init__(self, meter_provider: Any = None, prefix: str = "ratelimit") -> None:
@@ -60,6 +60,7 @@ class OTelMetrics(Metrics):
         self._storage_errors = make("storage_errors")
         self._slots = make("slots_in_flight")
         self._slot_failures = make("slot_release_failures")
+        self._settle_failures = make("settlement_failures")
         self._circuit = make("circuit_state")
         self._circuit_transitions = make("circuit_transitions")
         self._circuit_refused = make("circuit_refused")
@@ -92,6 +93,9 @@ class OTelMetrics(Metrics):
 
     def slot_release_failed(self, count: int) -> None:
         self._slot_failures.add(count)
+
+    def settlement_failed(self, count: int) -> None:
+        self._settle_failures.add(count)
 
     def circuit_state(self, breaker: str, old: CircuitState | None,
                       new: CircuitState) -> None:

@@ -59,8 +59,8 @@ class PrometheusMetrics(Metrics):
 
     __slots__ = ("_children", "_circuit", "_circuit_refused", "_circuit_transitions",
                  "_client_attempts", "_client_give_ups", "_client_retries", "_client_sleep",
-                 "_decisions", "_denials", "_idempotency", "_in_place", "_slot_failures",
-                 "_slots", "_storage_errors", "_storage_seconds", "registry")
+                 "_decisions", "_denials", "_idempotency", "_in_place", "_settle_failures",
+                 "_slot_failures", "_slots", "_storage_errors", "_storage_seconds", "registry")
 
     def __init__(self, registry: CollectorRegistry | None = None,
                  namespace: str = "ratelimit") -> None:
@@ -100,6 +100,7 @@ class PrometheusMetrics(Metrics):
         self._storage_errors = make("storage_errors")
         self._slots = make("slots_in_flight")
         self._slot_failures = make("slot_release_failures")
+        self._settle_failures = make("settlement_failures")
         self._circuit = make("circuit_state")
         self._circuit_transitions = make("circuit_transitions")
         self._circuit_refused = make("circuit_refused")
@@ -157,6 +158,9 @@ class PrometheusMetrics(Metrics):
 
     def slot_release_failed(self, count: int) -> None:
         self._slot_failures.inc(count)
+
+    def settlement_failed(self, count: int) -> None:
+        self._settle_failures.inc(count)
 
     def circuit_state(self, breaker: str, old: CircuitState | None,
                       new: CircuitState) -> None:

@@ -7,8 +7,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal, NamedTuple
 
-from ..decision import Hold, Lease, Verdict
-from ..errors import ConfigError
+from ..decision import Adjustment, Hold, Lease, Verdict
+from ..errors import ConfigError, StorageError
 from ..limits import Hit
 from ..rates import MAX_AMOUNT
 
@@ -128,12 +128,37 @@ class Storage(ABC):
         await ``release``."""
         return False
 
+    settles: ClassVar[bool] = False
+    """True when this storage settles charges after the response (``settle``); a
+    limit that settles (``count=``, ``cost=``) needs one."""
+
+    async def settle(self, adjustments: Sequence[Adjustment]) -> None:
+        """Move each adjustment's counter by its delta, as if its request had been
+        charged that much more (or less) when it was decided; every adjustment of the
+        call in one atomic step. The default has no counters to move."""
+        msg = f"{type(self).__name__} can't settle charges after the response"
+        raise StorageError(msg)
+
+    def settle_now(
+        self, adjustments: Sequence[Adjustment],
+        on_failure: Callable[[Sequence[Hold], BaseException], None],
+    ) -> bool:
+        """``settle`` without awaiting, where this storage can (see ``release_now``);
+        False, the default, to await ``settle``."""
+        return False
+
     async def close_holds(self, holds: Sequence[Hold]) -> None:
         """End what requests held after their decision, each hold once: a lease gives its
-        slot back. The default hands each kind to its own method (``release``); a storage
-        may close a mixed batch in one call instead. Before awaiting it, the middleware
-        tries each kind's no-await method (``release_now``)."""
-        await self.release(holds)
+        slot back, an adjustment settles a reserved charge. The default hands each kind
+        to its own method (``release``, ``settle``); a storage may close a mixed batch in
+        one call instead. Before awaiting it, the middleware tries each kind's no-await
+        method (``release_now``, ``settle_now``)."""
+        leases = [hold for hold in holds if isinstance(hold, Lease)]
+        adjustments = [hold for hold in holds if isinstance(hold, Adjustment)]
+        if leases:
+            await self.release(leases)
+        if adjustments:
+            await self.settle(adjustments)
 
     @abstractmethod
     async def usage(
@@ -175,5 +200,6 @@ def bad_usage(units: object) -> ConfigError:
                        f"got {units!r}")
 
 
-_FAST_PATHS = {"decide": ("decide_now", "decide_within"), "release": ("release_now",)}
+_FAST_PATHS = {"decide": ("decide_now", "decide_within"), "release": ("release_now",),
+               "settle": ("settle_now",)}
 """The fast paths of each method, which must answer as the method itself would."""
