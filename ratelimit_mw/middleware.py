@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any
 from mypy_extensions import mypyc_attr
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .arguments import both, check_objects, check_settles, storage_from
 from .breaker import Gate
 from .callbacks import is_async_callable
 from .decision import Lease, Verdict
 from .disconnects import DisconnectWatch, DisconnectWatches
-from .errors import ConfigError
-from .events import DecisionEvent, DecisionHook, Source
+from .events import DecisionHook, Source
 from .failure import FailureStats
 from .holds import Holding, Holds, SettlingHolding
 from .identity import KeyFunc, identity_from
@@ -42,8 +42,9 @@ from .responses import DeniedHook, Refusals, denial_headers, denial_of, send_res
 from .routes import RouteRule
 from .sending import AddingHeaders, CompletingDenial
 from .settings import RateLimitSettings
+from .socket_messages import MessageLimits
 from .startup import get_ready
-from .storage import Storage, storage_from_url
+from .storage import Storage
 from .storage.urls import redacted
 from .tiers import Tier, TierResolver, TierTable
 
@@ -89,7 +90,7 @@ class RateLimitMiddleware:
         metrics: Metrics | None = None,
         overrides: Overrides | None = None,
     ) -> None:
-        _check_objects(settings=settings, storage=storage, tier_resolver=tier_resolver,
+        check_objects(settings=settings, storage=storage, tier_resolver=tier_resolver,
                        on_denied=on_denied, on_decision=on_decision, clock=clock,
                        breaker=breaker, metrics=metrics)
         if settings is None:
@@ -103,21 +104,25 @@ class RateLimitMiddleware:
         # How start-up messages name the storage (never with its password).
         self._storage_name = redacted(settings.storage_url) if storage is None else repr(storage)
         if storage is None:
-            storage = _storage_from(settings, clock)
+            storage = storage_from(settings, clock)
         if metrics is not None:
             on_decision = (metrics.decision if on_decision is None
-                           else _both(on_decision, metrics.decision))
+                           else both(on_decision, metrics.decision))
         self.limiter = Limiter(app, settings, storage=storage, identity=identity, rules=rules,
                                on_decision=on_decision, clock=clock, breaker=breaker,
                                refusals=Refusals(settings.response_format,
                                                  custom=on_denied is not None),
                                metrics=metrics,
                                overrides=overrides)
-        _check_settles(storage, self.limiter)
+        check_settles(storage, self.limiter)
         for pattern in self.limiter.routes.unreachable():
             _log.warning("ratelimit_mw: the route pattern %r matches no route of the app "
                          "(as its routes are when the middleware starts); its limits or "
                          "exemption never apply", pattern)
+        self.messages = MessageLimits(
+            self.limiter.guarded, per_caller=settings.websocket_messages,
+            per_connection=settings.websocket_connection_messages,
+            over_limit=settings.websocket_over_limit, metrics=metrics)
         self.holds = Holds(storage, self.limiter.guarded.fallback,
                            lease=settings.concurrency_lease, timeout=settings.storage_timeout,
                            metrics=metrics)
@@ -206,7 +211,7 @@ class RateLimitMiddleware:
     async def _not_http(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Websockets (limited only when asked to), lifespan, anything else: passed on."""
         kind = scope["type"]
-        if kind == "websocket" and self.settings.limit_websockets:
+        if kind == "websocket" and (self.settings.limit_websockets or self.messages.on):
             await self._websocket(scope, receive, send)
         elif kind == "lifespan":
             await self.app(scope, self._closing(receive), self._starting(send))
@@ -230,9 +235,10 @@ class RateLimitMiddleware:
                        CompletingDenial(send, denial_headers(outcome.headers, verdict)))
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Opt-in: limit websocket connects. A refused one gets the 429 (headers and
-        body) where the server offers the ASGI websocket denial response; elsewhere it
-        is closed with 1008 before the handshake (clients see a 403)."""
+        """Opt-in: limit websocket connects and the messages of each connection. A
+        refused connect gets the 429 (headers and body) where the server offers the ASGI
+        websocket denial response; elsewhere it is closed with 1008 before the
+        handshake (clients see a 403). Messages: see ``MessageLimits``."""
         limiter = self.limiter
         state = scope.get("state")
         if state is None:
@@ -240,6 +246,11 @@ class RateLimitMiddleware:
         state[STATE_KEY] = limiter
         charge = await limiter.charge({**scope, "method": "WEBSOCKET"})
         if charge is None:
+            await self.app(scope, receive, send)
+            return
+        if self.messages.on:
+            receive = self.messages.receiving(charge[0], receive, send)
+        if not self.settings.limit_websockets:
             await self.app(scope, receive, send)
             return
         outcome = await limiter.decide(charge)
@@ -320,68 +331,3 @@ def _websocket_response(send: Send) -> Send:
         await send(message)
 
     return send_as_denial
-
-
-def _both(first: DecisionHook, second: DecisionHook) -> DecisionHook:
-    """One decision hook that runs ``first``, then ``second``."""
-    def both(event: DecisionEvent) -> None:
-        first(event)
-        second(event)
-
-    return both
-
-
-def _check_objects(*, settings: object, storage: object, breaker: object, metrics: object,
-                   **callables: object) -> None:
-    """A TypeError naming any argument given as an object that can't do its job (it
-    would otherwise fail on the first request, or never)."""
-    if settings is not None and not isinstance(settings, RateLimitSettings):
-        msg = f"settings must be a RateLimitSettings, got {settings!r}"
-        raise TypeError(msg)
-    if storage is not None and not isinstance(storage, Storage):
-        msg = f"storage must be a ratelimit_mw Storage (e.g. MemoryStorage()), got {storage!r}"
-        raise TypeError(msg)
-    if metrics is not None and not isinstance(metrics, Metrics):
-        msg = (f"metrics must be a ratelimit_mw.metrics.Metrics (e.g. PrometheusMetrics()), "
-               f"got {metrics!r}")
-        raise TypeError(msg)
-    if breaker is not None and not callable(getattr(breaker, "try_acquire", None)):
-        msg = f"breaker must be a circuit breaker (e.g. CircuitBreaker()), got {breaker!r}"
-        raise TypeError(msg)
-    for name, value in callables.items():
-        if value is not None and not callable(value):
-            msg = f"{name} must be a callable, got {value!r}"
-            raise TypeError(msg)
-    on_decision = callables.get("on_decision")
-    if on_decision is not None and is_async_callable(on_decision):
-        # It would never be awaited: no metrics, and a warning per request.
-        msg = (f"on_decision must be a plain (not async) function, got {on_decision!r}: it "
-               f"runs on every decision; hand slow work to a queue or a task of your own")
-        raise TypeError(msg)
-
-
-def _check_settles(storage: Storage, limiter: Limiter) -> None:
-    """A ConfigError when a limit settles its charge after the response (``count=``,
-    ``cost=``) on a storage that can't."""
-    if storage.settles:
-        return
-    hits = [hit for tier in limiter.tiers.tiers.values() for hit in tier.hits]
-    hits += [hit for spec in limiter.routes.known_specs() for hit in spec.hits]
-    for hit in hits:
-        if hit.limit.settlement is not None:
-            msg = (f"limit {hit.limit.name!r} ({hit.limit}) settles its charge after the "
-                   f"response ({hit.limit.settlement!r}), which {storage!r} can't do; use "
-                   f"MemoryStorage or RedisStorage")
-            raise ConfigError(msg)
-
-
-def _storage_from(settings: RateLimitSettings, clock: Callable[[], float]) -> Storage:
-    """The storage of ``settings.storage_url`` (memory on ``clock``)."""
-    url = settings.storage_url
-    retention = settings.usage_retention
-    if url.lower().startswith("memory://"):
-        return storage_from_url(url, clock=clock, usage_retention=retention)
-    return storage_from_url(url, prefix=settings.storage_prefix,
-                            timeout=settings.storage_timeout,
-                            connect_timeout=settings.storage_connect_timeout,
-                            usage_retention=retention)

@@ -61,7 +61,7 @@ from .client_ip import TrustedProxies, check_forwarded_header
 from .errors import ConfigError
 from .failure import FailureMode, check_mode
 from .headers import parse_header_style
-from .limits import Limit
+from .limits import Limit, as_limits
 from .responses import check_format
 from .routes import RouteRule
 from .storage import check_storage_url
@@ -219,6 +219,9 @@ class RateLimitSettings(BaseSettings):
     exempt_paths: Annotated[list[str], NoDecode] = []
     shadow: bool = False
     limit_websockets: bool = False
+    websocket_messages: str = ""
+    websocket_connection_messages: str = ""
+    websocket_over_limit: Literal["close", "drop"] = "close"
     blocked_cache_size: int = 10_000
     concurrency_lease: float = 30.0
     quota_history: bool = False
@@ -266,6 +269,14 @@ class RateLimitSettings(BaseSettings):
     def _cache_size(cls, value: int) -> int:
         if value < 0:
             msg = f"blocked_cache_size must be 0 (off) or a positive number, got {value!r}"
+            raise ConfigError(msg)
+        return value
+
+    @field_validator("websocket_messages", "websocket_connection_messages")
+    @classmethod
+    def _message_rate(cls, value: str, info: ValidationInfo) -> str:
+        if value and len(as_limits(value)) != 1:
+            msg = f"{info.field_name}={value!r} names several rates; give one, e.g. '20/second'"
             raise ConfigError(msg)
         return value
 

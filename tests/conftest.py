@@ -62,7 +62,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # The middleware's own keyword arguments (compiled, its class has no signature to read).
 _MIDDLEWARE_ARGUMENTS = frozenset({
     "settings", "storage", "tiers", "key", "tier_resolver", "rules", "on_denied",
-    "on_decision", "clock", "breaker"})
+    "on_decision", "clock", "breaker", "metrics", "overrides"})
 
 
 def middleware_arguments(**options: Any) -> dict[str, Any]:

@@ -61,6 +61,9 @@ INSTRUMENTS: dict[str, Instrument] = {instrument.name: instrument for instrument
     Instrument("slot_release_failures", "counter", "Slots that could not be given back"),
     Instrument("settlement_failures", "counter",
                "Charges not settled after the response (their estimates stay charged)"),
+    Instrument("websocket_messages_refused", "counter",
+               "Websocket messages over a limit, by the limit and what was done",
+               ("limit", "action")),
     Instrument("circuit_state", "gauge", "1 for the breaker's state (summed over workers)",
                ("breaker", "state")),
     Instrument("circuit_transitions", "counter", "Breaker state changes",
@@ -140,6 +143,10 @@ class Metrics:
     def settlement_failed(self, count: int) -> None:
         """``count`` charges could not be settled after the response (the storage
         failed): their estimates stay charged."""
+
+    def websocket_message_refused(self, limit: str, action: str) -> None:
+        """A websocket message was over its ``connection`` or ``caller`` limit, and the
+        socket was ``closed`` or the message ``dropped``."""
 
     def circuit_state(self, breaker: str, old: CircuitState | None,
                       new: CircuitState) -> None:

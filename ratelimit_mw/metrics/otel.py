@@ -37,7 +37,7 @@ class OTelMetrics(Metrics):
     __slots__ = ("_circuit", "_circuit_refused", "_circuit_transitions", "_client_attempts",
                  "_client_give_ups", "_client_retries", "_client_sleep", "_decisions", "_denials",
                  "_idempotency", "_in_place", "_settle_failures", "_slot_failures", "_slots",
-                 "_storage_errors", "_storage_seconds")
+                 "_storage_errors", "_storage_seconds", "_ws_refused")
 
     def __init__(self, meter_provider: Any = None, prefix: str = "ratelimit") -> None:
         meter = otel.get_meter("ratelimit_mw", meter_provider=meter_provider)
@@ -61,6 +61,7 @@ class OTelMetrics(Metrics):
         self._slots = make("slots_in_flight")
         self._slot_failures = make("slot_release_failures")
         self._settle_failures = make("settlement_failures")
+        self._ws_refused = make("websocket_messages_refused")
         self._circuit = make("circuit_state")
         self._circuit_transitions = make("circuit_transitions")
         self._circuit_refused = make("circuit_refused")
@@ -96,6 +97,9 @@ class OTelMetrics(Metrics):
 
     def settlement_failed(self, count: int) -> None:
         self._settle_failures.add(count)
+
+    def websocket_message_refused(self, limit: str, action: str) -> None:
+        self._ws_refused.add(1, {"limit": limit, "action": action})
 
     def circuit_state(self, breaker: str, old: CircuitState | None,
                       new: CircuitState) -> None:

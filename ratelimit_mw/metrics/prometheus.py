@@ -60,7 +60,8 @@ class PrometheusMetrics(Metrics):
     __slots__ = ("_children", "_circuit", "_circuit_refused", "_circuit_transitions",
                  "_client_attempts", "_client_give_ups", "_client_retries", "_client_sleep",
                  "_decisions", "_denials", "_idempotency", "_in_place", "_settle_failures",
-                 "_slot_failures", "_slots", "_storage_errors", "_storage_seconds", "registry")
+                 "_slot_failures", "_slots", "_storage_errors", "_storage_seconds", "_ws_refused",
+                 "registry")
 
     def __init__(self, registry: CollectorRegistry | None = None,
                  namespace: str = "ratelimit") -> None:
@@ -101,6 +102,7 @@ class PrometheusMetrics(Metrics):
         self._slots = make("slots_in_flight")
         self._slot_failures = make("slot_release_failures")
         self._settle_failures = make("settlement_failures")
+        self._ws_refused = make("websocket_messages_refused")
         self._circuit = make("circuit_state")
         self._circuit_transitions = make("circuit_transitions")
         self._circuit_refused = make("circuit_refused")
@@ -161,6 +163,9 @@ class PrometheusMetrics(Metrics):
 
     def settlement_failed(self, count: int) -> None:
         self._settle_failures.inc(count)
+
+    def websocket_message_refused(self, limit: str, action: str) -> None:
+        self._child(self._ws_refused, limit, action).inc()
 
     def circuit_state(self, breaker: str, old: CircuitState | None,
                       new: CircuitState) -> None:
