@@ -11,9 +11,9 @@ from typing import Any, ClassVar
 from mypy_extensions import mypyc_attr
 
 from ..algorithms.concurrency import renewed, with_lease, without_lease
-from ..decision import Lease, Verdict, decision_from
+from ..decision import Adjustment, Hold, Lease, Verdict, decision_from
 from ..errors import ConfigError
-from ..limits import Hit, merge_hits, run
+from ..limits import Hit, merge_hits, run, settle
 from ..rates import MAX_AMOUNT
 from .base import (
     BUCKET_SECONDS,
@@ -46,6 +46,10 @@ A million identities then add no objects to a full collection, only the one dict
 holds them, which ``gc.freeze()`` after start-up takes out of the collector's view too
 (see docs/deployment.md)."""
 _FIRST_CELL = 3
+
+
+def _never(holds: Sequence[Hold], error: BaseException) -> None:
+    """Nothing fails later in this process: settling here is done when it returns."""
 
 
 def _find(entry: Entry, slot: tuple[str, str]) -> int:
@@ -218,6 +222,30 @@ class MemoryStorage(Storage):
             self._store(key, entry, kept, usage, now)
         return _new(Verdict, (allowed, (decision_from(hit, allowed, remaining, reset, retry),),
                               leases, now / 1_000_000))
+
+    settles: ClassVar[bool] = True
+
+    async def settle(self, adjustments: Sequence[Adjustment]) -> None:
+        MemoryStorage.settle_now(self, adjustments, _never)
+
+    def settle_now(
+        self, adjustments: Sequence[Adjustment],
+        on_failure: Callable[[Sequence[Hold], BaseException], None],
+    ) -> bool:
+        """See ``Storage.settle``: each counter moved at once, in this process."""
+        now = self._now()
+        keys = self._keys
+        for key, hit, delta, at in adjustments:
+            entry = keys.get(key)
+            kept = entry if entry is not None else _EMPTY
+            i = _find(kept, hit.slot)
+            state = kept[i + 1] if i >= 0 and kept[i + 2] > now else None
+            settled = settle(hit.limit, state, now, round(at * 1_000_000), delta)
+            if settled is state:
+                continue
+            ends = now + run(hit.limit, settled, now, 0)[2] if settled is not None else now
+            self._store(key, entry, _with_cell(kept, i, hit.slot, settled, ends), 0, now)
+        return True
 
     def _leased(self, key: str, hit: Hit, state: Any, now: int) -> tuple[Any, Lease | None]:
         """An admitted hit's state as kept, and the slot it took (for a concurrency
