@@ -7,7 +7,9 @@ middleware's overrides and storage)::
     app = Starlette(routes=[*admin_router().routes])      # Starlette
 
 Every call needs ``Authorization: Bearer <token>``, the token being
-``RATELIMIT_ADMIN_TOKEN`` (or ``token=``); without one the router is not made.
+``RATELIMIT_ADMIN_TOKEN`` (or ``token=``); without one the router is not made. Failed
+authentications are limited per client address (``auth_failures``, 10 a minute by
+default) and logged with it (``failed_auth.py``).
 
 - ``GET {path}/overrides``: every override (``?blocked=true``: blocks only).
 - ``PUT {path}/overrides``: set one; the body names the ``caller`` and one of
@@ -34,9 +36,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, Router
 
 from ..errors import ConfigError, StorageError
-from ..limiter import limiter_of
+from ..limiter import Limiter, limiter_of
 from ..responses import error_response
 from ..settings import RateLimitSettings
+from .failed_auth import FailedAuth
 from .model import Override, OverrideError, caller_key, limits_from_json
 from .view import Overrides
 
@@ -122,10 +125,11 @@ def override_from_body(data: object, *, now: float, by: str) -> Override:
 class AdminEndpoints:
     """The admin handlers, as Starlette endpoints, behind a bearer token."""
 
-    __slots__ = ("_token",)
+    __slots__ = ("_failures", "_token")
 
     def __init__(self, token: str | None = None, *,
-                 settings: RateLimitSettings | None = None) -> None:
+                 settings: RateLimitSettings | None = None,
+                 auth_failures: str = "10/minute") -> None:
         if token is None:
             secret = (settings if settings is not None else RateLimitSettings()).admin_token
             token = secret.get_secret_value() if secret is not None else None
@@ -139,6 +143,7 @@ class AdminEndpoints:
                    f"print(secrets.token_urlsafe())'`)")
             raise ConfigError(msg)
         self._token = token.encode("ascii")
+        self._failures = FailedAuth(auth_failures)
 
     def _authorized(self, request: Request) -> bool:
         sent = request.headers.get("authorization", "")
@@ -155,13 +160,13 @@ class AdminEndpoints:
         return f"{user}@{client}"
 
     @staticmethod
-    def _overrides(request: Request) -> Overrides:
+    def _limiter(request: Request) -> Limiter:
         limiter = limiter_of(request.scope)
         if limiter is None or limiter.overrides is None:
             msg = ("the admin API needs RateLimitMiddleware given overrides= in front of it "
                    "(app.add_middleware(RateLimitMiddleware, overrides=Overrides(...)))")
             raise RuntimeError(msg)
-        return limiter.overrides
+        return limiter
 
     async def overrides(self, request: Request) -> Response:
         """``GET`` (list) and ``PUT`` (set) ``…/overrides``."""
@@ -179,10 +184,21 @@ class AdminEndpoints:
                        reset: bool = False) -> Response:
         """Check the token, then run the handler; a bad field is a 422, a storage
         that can't answer a 503."""
+        limiter = self._limiter(request)
+        gate = await self._failures.enter(request, limiter)
+        if gate.refused:
+            return error_response(
+                429, "too_many_failed_authentications",
+                "Too many failed authentications from this address; try again later.",
+                headers={"Retry-After": str(gate.retry_after)},
+                retry_after_seconds=gate.retry_after)
         if not self._authorized(request):
+            self._failures.failed(request)
             return error_response(401, "unauthorized", "Send Authorization: Bearer <token>.",
                                   headers={"WWW-Authenticate": 'Bearer realm="ratelimit-admin"'})
-        overrides = self._overrides(request)
+        await self._failures.passed(gate, limiter)
+        overrides = limiter.overrides
+        assert overrides is not None  # _limiter checked it
         try:
             if caller is not None:
                 caller = caller_key(caller)
@@ -235,16 +251,17 @@ class AdminEndpoints:
         return JSONResponse({"deleted": before.to_dict()}, headers={"Cache-Control": "no-store"})
 
     async def _reset(self, request: Request, caller: str) -> Response:
-        limiter = limiter_of(request.scope)
-        assert limiter is not None  # _overrides found it
-        overrides = self._overrides(request)
+        limiter = self._limiter(request)
+        overrides = limiter.overrides
+        assert overrides is not None  # _limiter checked it
         await overrides.reset(caller, lambda: limiter.read(lambda: limiter.storage.reset(caller)),
                               by=self._who(request))
         return JSONResponse({"reset": caller}, headers={"Cache-Control": "no-store"})
 
 
 def admin_router(path: str = ADMIN_PATH, *, token: str | None = None,
-                 settings: RateLimitSettings | None = None) -> Router:
+                 settings: RateLimitSettings | None = None,
+                 auth_failures: str = "10/minute") -> Router:
     """A router with the admin endpoints (a ConfigError without a token).
 
     FastAPI: ``app.include_router(admin_router())`` (it is then a FastAPI
@@ -252,7 +269,7 @@ def admin_router(path: str = ADMIN_PATH, *, token: str | None = None,
     routes are plain Starlette routes, so they serve in either app (and stay out of
     FastAPI's OpenAPI schema, like the quota endpoints).
     """
-    endpoints = AdminEndpoints(token, settings=settings)
+    endpoints = AdminEndpoints(token, settings=settings, auth_failures=auth_failures)
     routes = [
         Route(f"{path}/overrides", endpoints.overrides, methods=["GET", "PUT"],
               name="ratelimit_admin_overrides"),

@@ -162,3 +162,46 @@ async def test_no_body_causes_a_500(client: httpx.AsyncClient, body: object) -> 
     assert response.status_code in (200, 422), response.text
     if response.status_code == 422:
         assert response.json()["field"]
+
+
+def _client_at(address: str) -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(make_app(FakeClock()), client=(address, 1))
+    return httpx.AsyncClient(transport=transport, base_url="http://t")
+
+
+async def test_failed_authentications_are_limited_per_address_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """40 calls with wrong tokens from one address: the first 10 get 401 and are logged
+    with the address; the rest get 429 (with Retry-After) without their token being
+    looked at; a right token from another address still gets in."""
+    app = make_app(FakeClock())
+    wrong = {"Authorization": "Bearer wrong-token-0123456789"}
+    transport = httpx.ASGITransport(app, client=("198.51.100.7", 1))
+    other = httpx.ASGITransport(app, client=("203.0.113.50", 1))
+    with caplog.at_level(logging.WARNING, logger="ratelimit_mw.admin"):
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client, \
+                httpx.AsyncClient(transport=other, base_url="http://t") as elsewhere:
+            codes = [(await client.get(PATH, headers=wrong)).status_code for _ in range(40)]
+            refused = await client.get(PATH, headers=wrong)
+            right_there = await elsewhere.get(PATH, headers=AUTH)
+            right_here = await client.get(PATH, headers=AUTH)
+    assert codes == [401] * 10 + [429] * 30
+    assert int(refused.headers["retry-after"]) >= 1
+    assert refused.json()["error"] == "too_many_failed_authentications"
+    assert right_there.status_code == 200
+    assert right_here.status_code == 429  # its own address's failures, not another's
+    logged = [r for r in caplog.records if "bad or missing token" in r.getMessage()]
+    assert len(logged) == 10
+    assert all("198.51.100.7" in r.getMessage() for r in logged)
+
+
+async def test_a_right_token_counts_no_failure() -> None:
+    """Right tokens take their reserved failure back: after 30 of them, an address may
+    still fail 10 times before it is refused."""
+    wrong = {"Authorization": "Bearer wrong-token-0123456789"}
+    async with _client_at("198.51.100.8") as client:
+        for _ in range(30):
+            assert (await client.get(PATH, headers=AUTH)).status_code == 200
+        codes = [(await client.get(PATH, headers=wrong)).status_code for _ in range(11)]
+    assert codes == [401] * 10 + [429]
