@@ -16,12 +16,14 @@ from .lazy import lazy_names as _lazy_names
 __version__ = "0.1.0"
 
 if typing.TYPE_CHECKING:
+    from .charges import cost_from, cost_from_header, cost_from_state
     from .errors import ConfigError, StorageError
     from .events import DecisionEvent
     from .idempotency import IdempotencyMiddleware
     from .identity import APIKey, AuthenticatedUser
     from .limits import Hit, Limit
     from .middleware import RateLimitMiddleware
+    from .partitions import json_field
     from .quota import quota_router
     from .responses import Denial
     from .routes import RouteRule, cost, exempt, limit
@@ -52,7 +54,11 @@ __all__ = [
     "TierFromHeader",
     "compiled",
     "cost",
+    "cost_from",
+    "cost_from_header",
+    "cost_from_state",
     "exempt",
+    "json_field",
     "limit",
     "quota_router",
     "storage_from_url",
@@ -78,7 +84,11 @@ _HOMES = {
     "TierByAPIKey": ".tiers",
     "TierFromHeader": ".tiers",
     "cost": ".routes",
+    "cost_from": ".charges",
+    "cost_from_header": ".charges",
+    "cost_from_state": ".charges",
     "exempt": ".routes",
+    "json_field": ".partitions",
     "limit": ".routes",
     "quota_router": ".quota",
     "storage_from_url": ".storage",

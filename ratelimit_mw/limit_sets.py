@@ -7,6 +7,7 @@ also knows which of its limits are shadow limits (decided and reported, never en
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -48,6 +49,9 @@ class LimitSet:
     """The hits whose charge the response settles (their estimate reserved meanwhile)."""
     metered: bool = False
     """True when some limit counts another unit than requests (tokens, say)."""
+    partitioned: tuple[Hit, ...] = ()
+    """The hits counted apart per what the request says (``Limit(per=...)``): a
+    request's own set has them in its partitions (``LimitSets.partitioned``)."""
 
     def shadow_only(self, verdict: Verdict) -> bool:
         """True when every limit that denied ``verdict`` is a shadow limit."""
@@ -94,7 +98,28 @@ def make_limit_set(
     return LimitSet(tier, route, hits, enforced, frozenset(shadow), names,
                     tuple(fmt.static(named)), tier.concurrency is not None, _clash(joined),
                     settled=tuple(hit for hit in hits if hit.limit.settlement is not None),
-                    metered=any(hit.limit.unit != "requests" for hit in hits))
+                    metered=any(hit.limit.unit != "requests" for hit in hits),
+                    partitioned=tuple(hit for hit in hits if hit.limit.per is not None))
+
+
+def _partitioned(limit_set: LimitSet, values: tuple[str, ...]) -> LimitSet:
+    """``limit_set`` with its partitioned hits moved to the scopes of ``values``."""
+    moved = {(hit.scope, hit.limit): Hit(hit.limit, hit.cost, f"{hit.scope}|{value}")
+             for hit, value in zip(limit_set.partitioned, values, strict=True)}
+
+    def move(hits: Sequence[Hit]) -> tuple[Hit, ...]:
+        return tuple(moved.get((hit.scope, hit.limit), hit) for hit in hits)
+
+    def key(old: LimitKey) -> LimitKey:
+        hit = moved.get(old)
+        return old if hit is None else (hit.scope, hit.limit)
+
+    return dataclasses.replace(
+        limit_set, hits=merge_hits(move(limit_set.hits)),
+        enforced=merge_hits(move(limit_set.enforced)),
+        shadow=frozenset(key(k) for k in limit_set.shadow),
+        names={key(k): name for k, name in limit_set.names.items()},
+        settled=move(limit_set.settled), partitioned=())
 
 
 def _reserving(hit: Hit) -> Hit:
@@ -150,13 +175,28 @@ class LimitSets:
     admissible.
     """
 
-    __slots__ = ("_format", "_lease", "_made", "_reported")
+    __slots__ = ("_format", "_lease", "_made", "_parts", "_reported")
 
     def __init__(self, fmt: HeaderFormat, lease: float) -> None:
         self._format = fmt
         self._lease = lease
         self._made: dict[tuple[str, RouteSpec], LimitSet] = {}
         self._reported: set[tuple[str, str]] = set()  # (tier, route) found bad late
+        # (a set's id, its partitions' values) -> (that set, its request's own set)
+        self._parts: dict[tuple[int, tuple[str, ...]], tuple[LimitSet, LimitSet]] = {}
+
+    def partitioned(self, limit_set: LimitSet, values: tuple[str, ...]) -> LimitSet:
+        """``limit_set`` with each partitioned hit counted under its ``values``' scope;
+        made once per set and values (a caller asking again gets the same set, which
+        the caches of blocked keys and of packed commands know by identity)."""
+        made = self._parts.get((id(limit_set), values))
+        if made is not None and made[0] is limit_set:
+            return made[1]
+        if len(self._parts) >= _KEPT:
+            self._parts.clear()
+        own = _partitioned(limit_set, values)
+        self._parts[(id(limit_set), values)] = (limit_set, own)
+        return own
 
     def get(self, tier: Tier, route: RouteSpec) -> LimitSet:
         """The limit set of ``tier`` on ``route``."""

@@ -26,6 +26,7 @@ from .algorithms import (
 from .charges import Settlement, settlement_of
 from .checks import is_token
 from .errors import ConfigError
+from .partitions import Partition
 from .rates import MAX_AMOUNT, MAX_PERIOD, Rate, parse_rate, split_rates
 
 __all__ = [
@@ -63,7 +64,8 @@ class Limit:
     which responses count (``"failures"``, ``"successes"``, statuses), ``cost`` where
     the real cost is read after the response (``cost_from_header(...)``), ``estimate``
     what is reserved before the app runs (default: the request's cost). ``unit``
-    names what the limit counts, in headers (``"tokens"``: ``X-RateLimit-*-Tokens``).
+    names what the limit counts, in headers (``"tokens"``: ``X-RateLimit-*-Tokens``);
+    ``per`` counts it apart by something the request says (``json_field("username")``).
 
     >>> str(Limit(Rate(10, 60), "token_bucket", burst=20))
     'token_bucket 10/minute burst 20'
@@ -76,6 +78,8 @@ class Limit:
     settlement: Settlement | None = None
     """How its charge is settled after the response (None: decided before, as usual)."""
     unit: str = "requests"
+    per: Partition | None = None
+    """What the request says that the limit is counted apart by (``partitions.py``)."""
     amount: int = field(init=False, repr=False, compare=False)
     capacity: int = field(init=False, repr=False, compare=False)
     period_us: int = field(init=False, repr=False, compare=False)
@@ -89,7 +93,8 @@ class Limit:
     def __init__(self, rate: object, algorithm: object = "sliding_window", *,
                  burst: object = None, name: object = "", count: object = None,
                  cost: object = None, estimate: object = None,
-                 unit: object = "requests", settlement: object = None) -> None:
+                 unit: object = "requests", settlement: object = None,
+                 per: object = None) -> None:
         set_ = object.__setattr__
         rate = parse_rate(rate)
         set_(self, "rate", rate)
@@ -137,8 +142,12 @@ class Limit:
             msg = f"unit must be a lower-case word such as 'tokens', got {unit!r}"
             raise ConfigError(msg)
         set_(self, "unit", unit)
+        if per is not None and not callable(per):
+            msg = f"per={per!r} is not a partition; use e.g. per=json_field('username')"
+            raise ConfigError(msg)
+        set_(self, "per", per)
         # Limits key the per-request lookups (policy names, header texts): hash once.
-        set_(self, "_hash", hash((rate, kind, burst, self.name, settlement, unit)))
+        set_(self, "_hash", hash((rate, kind, burst, self.name, settlement, unit, id(per))))
 
     def __hash__(self) -> int:
         return self._hash
@@ -146,7 +155,7 @@ class Limit:
     def __reduce__(self) -> tuple[Any, ...]:
         # Rebuilt, not copied: the cached hash is only valid in the process that made it.
         return (_rebuild_limit, (type(self), self.rate, self.algorithm, self.burst, self.name,
-                                 self.settlement, self.unit))
+                                 self.settlement, self.unit, self.per))
 
     @classmethod
     def concurrency(cls, capacity: object, *, lease: object = 30.0, name: object = "") -> Limit:
@@ -184,10 +193,11 @@ class Limit:
 
 def _rebuild_limit(
     cls: type[Limit], rate: Rate, algorithm: str, burst: int | None, name: str,
-    settlement: Settlement | None = None, unit: str = "requests",
+    settlement: Settlement | None = None, unit: str = "requests", per: Partition | None = None,
 ) -> Limit:
     """Unpickle a limit (its constructor's arguments are keyword-only)."""
-    return cls(rate, algorithm, burst=burst, name=name, unit=unit, settlement=settlement)
+    return cls(rate, algorithm, burst=burst, name=name, unit=unit, settlement=settlement,
+               per=per)
 
 
 def as_limits(

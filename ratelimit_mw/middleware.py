@@ -37,7 +37,8 @@ from .holds import Holding, Holds, SettlingHolding
 from .identity import KeyFunc, identity_from
 from .limiter import STATE_KEY, Limiter
 from .metrics import Metrics
-from .outcome import Outcome
+from .outcome import Charge, Outcome
+from .partitions import read_body, values_of
 from .responses import DeniedHook, Refusals, denial_headers, denial_of, send_response
 from .routes import RouteRule
 from .sending import AddingHeaders, CompletingDenial
@@ -157,6 +158,8 @@ class RateLimitMiddleware:
         if charge is None:
             await self.app(scope, receive, send)
             return
+        if charge[1].partitioned:
+            charge, receive = await self._partitioned(scope, receive, charge)
         outcome = limiter.decide_now(charge)
         if outcome is None:
             outcome = await limiter.decide(charge)
@@ -169,6 +172,16 @@ class RateLimitMiddleware:
                            AddingHeaders(send, outcome.headers) if outcome.headers else send)
             return
         await self._holding(scope, receive, send, outcome, verdict)
+
+    async def _partitioned(self, scope: Scope, receive: Receive,
+                           charge: Charge) -> tuple[Charge, Receive]:
+        """The charge of a request whose limits count apart per what it says (its
+        body's start, read here and given to the app again)."""
+        key, limit_set = charge
+        body, receive = await read_body(receive)
+        values = values_of(tuple(hit.limit.per for hit in limit_set.partitioned
+                                 if hit.limit.per is not None), scope, body)
+        return (key, self.limiter.limit_sets.partitioned(limit_set, values)), receive
 
     async def _holding(self, scope: Scope, receive: Receive, send: Send, outcome: Outcome,
                        verdict: Verdict) -> None:

@@ -56,6 +56,7 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from .charges import CostReader, cost_from_header, cost_from_state
 from .checks import header_name, positive_seconds
 from .client_ip import TrustedProxies, check_forwarded_header
 from .errors import ConfigError
@@ -68,7 +69,7 @@ from .storage import check_storage_url
 from .storage.base import UsageRetention
 from .tiers import Tier, TierTable
 
-__all__ = ["LimitConfig", "RateLimitSettings", "RouteConfig", "TierConfig"]
+__all__ = ["CostConfig", "LimitConfig", "RateLimitSettings", "RouteConfig", "TierConfig"]
 
 _log = logging.getLogger("ratelimit_mw")
 
@@ -77,16 +78,42 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class CostConfig(_Strict):
+    """Where a limit's real cost is read after the response: ``{header = "x-tokens-used",
+    remove = true}`` or ``{state = "tokens"}`` (a function is given in code)."""
+
+    header: str = ""
+    remove: bool = False
+    state: str = ""
+
+    def build(self) -> CostReader:
+        if bool(self.header) == bool(self.state):
+            msg = (f"cost={self.model_dump(exclude_defaults=True)!r} names where the real "
+                   f"cost is read: give header or state, one of them")
+            raise ConfigError(msg)
+        if self.header:
+            return cost_from_header(self.header, remove=self.remove)
+        return cost_from_state(self.state)
+
+
 class LimitConfig(_Strict):
-    """One limit: ``{rate = "10/minute", algorithm = "token_bucket", burst = 20}``."""
+    """One limit: ``{rate = "10/minute", algorithm = "token_bucket", burst = 20}``, and
+    how the response settles it: ``count = "failures"``, ``cost = {header = "..."}``,
+    ``estimate = 500``, ``unit = "tokens"``."""
 
     rate: str
     algorithm: str = "sliding_window"
     burst: StrictInt | None = None  # strict: `burst = true` is an error, not 1
     name: str = ""
+    count: str | list[StrictInt] | None = None
+    cost: CostConfig | None = None
+    estimate: StrictInt | None = None
+    unit: str = "requests"
 
     def build(self) -> Limit:
-        return Limit(self.rate, self.algorithm, burst=self.burst, name=self.name)
+        return Limit(self.rate, self.algorithm, burst=self.burst, name=self.name,
+                     count=self.count, cost=None if self.cost is None else self.cost.build(),
+                     estimate=self.estimate, unit=self.unit)
 
 
 LimitsField = str | list[str | LimitConfig]

@@ -19,13 +19,13 @@ from ..decision import Adjustment
 from ..limiter import Limiter
 from ..limits import Hit, Limit
 
-__all__ = ["FailedAuth", "Gate"]
+__all__ = ["AuthGate", "FailedAuth"]
 
 _log = logging.getLogger("ratelimit_mw.admin")
 _SCOPE = "admin authentication"
 
 
-class Gate(NamedTuple):
+class AuthGate(NamedTuple):
     """One call's way through: refused (``retry_after`` seconds), or let through with
     the failure it reserved (``taken``: None when the storage could not decide)."""
 
@@ -43,19 +43,19 @@ class FailedAuth:
         self.hit = Hit(Limit(rate, "fixed_window", name="admin-auth-failures",
                              count="failures"), 1, _SCOPE)
 
-    async def enter(self, request: Request, limiter: Limiter) -> Gate:
+    async def enter(self, request: Request, limiter: Limiter) -> AuthGate:
         """Reserve one failure of the request's client address, or refuse it."""
         key = limiter.identity.client_ip(request.scope)
         verdict, _ = await limiter.guarded.decide(key, (self.hit,))
         if verdict is None:  # the storage can't count: the token alone decides
-            return Gate(False, 0, None)
+            return AuthGate(False, 0, None)
         if not verdict.allowed:
-            return Gate(True, max(1, math.ceil(verdict.retry_after)), None)
+            return AuthGate(True, max(1, math.ceil(verdict.retry_after)), None)
         at = verdict.at if verdict.at is not None else limiter.clock()
-        return Gate(False, 0, Adjustment(key, self.hit, -1, at))
+        return AuthGate(False, 0, Adjustment(key, self.hit, -1, at))
 
     @staticmethod
-    async def passed(gate: Gate, limiter: Limiter) -> None:
+    async def passed(gate: AuthGate, limiter: Limiter) -> None:
         """The token was right: take the reserved failure back (a storage that fails
         meanwhile leaves it counted)."""
         taken = gate.taken
