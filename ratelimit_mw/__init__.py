@@ -26,7 +26,7 @@ if typing.TYPE_CHECKING:
     from .partitions import json_field
     from .quota import quota_router
     from .responses import Denial
-    from .routes import RouteRule, cost, exempt, limit
+    from .routes import RouteRule, cost, exempt, limit, spends
     from .settings import RateLimitSettings
     from .storage import MemoryStorage, RedisStorage, Storage, storage_from_url
     from .tiers import Tier, TierByAPIKey, TierFromHeader
@@ -61,6 +61,7 @@ __all__ = [
     "json_field",
     "limit",
     "quota_router",
+    "spends",
     "storage_from_url",
 ]
 
@@ -91,6 +92,7 @@ _HOMES = {
     "json_field": ".partitions",
     "limit": ".routes",
     "quota_router": ".quota",
+    "spends": ".routes",
     "storage_from_url": ".storage",
 }
 """Where each public name is defined: the module imported when the name is first read."""

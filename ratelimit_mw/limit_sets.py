@@ -69,8 +69,8 @@ def make_limit_set(
 ) -> LimitSet:
     """Join the tier's limits (at the route's cost), the route's own limits and the
     tier's concurrency slot (always one slot, whatever the route's cost)."""
-    tier_hits = tier.hits if route.cost == 1 else tuple(
-        Hit(hit.limit, route.cost, hit.scope) for hit in tier.hits)
+    tier_hits = tier.hits if route.cost == 1 and not tier.metered else tuple(
+        charged for hit in tier.hits if (charged := _charged(hit, route)) is not None)
     joined = tuple(_reserving(hit) for hit in tier_hits + route.hits)
     if tier.concurrency is not None:
         joined += (Hit(Limit.concurrency(tier.concurrency, lease=lease)),)
@@ -120,6 +120,17 @@ def _partitioned(limit_set: LimitSet, values: tuple[str, ...]) -> LimitSet:
         shadow=frozenset(key(k) for k in limit_set.shadow),
         names={key(k): name for k, name in limit_set.names.items()},
         settled=move(limit_set.settled), partitioned=())
+
+
+def _charged(hit: Hit, route: RouteSpec) -> Hit | None:
+    """A tier's ``hit`` as a request on ``route`` is charged: a request limit at the
+    route's cost; a limit of another unit at the estimate the route spends of it, or
+    not at all where the route spends none (``@spends``)."""
+    unit = hit.limit.unit
+    if unit == "requests":
+        return hit if route.cost == 1 else Hit(hit.limit, route.cost, hit.scope)
+    estimate = next((e for spent, e in route.spends if spent == unit), None)
+    return None if estimate is None else Hit(hit.limit, estimate, hit.scope)
 
 
 def _reserving(hit: Hit) -> Hit:

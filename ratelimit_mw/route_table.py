@@ -15,7 +15,7 @@ from starlette.types import ASGIApp, Scope
 
 from .app_routes import find_router, has_hosts, match_route, unreachable_patterns, walk_routes
 from .limits import Hit
-from .routes import EXEMPT, NO_ROUTE, RouteLimit, RouteRule, RouteSpec, marks_on
+from .routes import EXEMPT, NO_ROUTE, RouteLimit, RouteRule, RouteSpec, marks_on, spends_on
 
 __all__ = ["RouteTable", "dependency_calls"]
 
@@ -48,7 +48,8 @@ class RouteTable:
         for path, route in walk_routes(self._router.routes):
             for method in _route_methods(route):
                 marks, is_exempt, route_cost = _endpoint_marks(route, method)
-                yield _spec(path, marks, (), is_exempt, route_cost, _methods(route, method))
+                yield _spec(path, marks, (), is_exempt, route_cost, _methods(route, method),
+                            _endpoint_spends(route, method))
 
     def declared(self) -> Iterator[tuple[str, str, Any, RouteSpec]]:
         """``(method, path, route, spec)`` of every route the app declares, the spec as
@@ -98,7 +99,8 @@ class RouteTable:
             # Labelled by the pattern, not the path: labels stay few (metrics, logs).
             return _spec(rules[0].path, (), rules, False, None) if rules else NO_ROUTE
         marks, is_exempt, route_cost = _endpoint_marks(route, method)
-        return _spec(label, marks, rules, is_exempt, route_cost, _methods(route, method))
+        return _spec(label, marks, rules, is_exempt, route_cost, _methods(route, method),
+                     _endpoint_spends(route, method))
 
 
 def route_path(scope: Scope) -> str:
@@ -112,7 +114,8 @@ def route_path(scope: Scope) -> str:
 
 
 def _spec(label: str, marks: Iterable[RouteLimit], rules: Iterable[RouteRule],
-          is_exempt: bool, route_cost: int | None, methods: str = "") -> RouteSpec:
+          is_exempt: bool, route_cost: int | None, methods: str = "",
+          spent: tuple[tuple[str, int], ...] = ()) -> RouteSpec:
     """Fold decorator marks and matching rules into one spec. The counters of a mark
     are the endpoint's own: its path and ``methods`` (``GET,HEAD``), so that a GET and
     a POST endpoint at one path, marked alike, do not count on one counter."""
@@ -137,9 +140,9 @@ def _spec(label: str, marks: Iterable[RouteLimit], rules: Iterable[RouteRule],
                 shadow.append(hit)
     if is_exempt:
         return EXEMPT
-    if not hits and not costs:
+    if not hits and not costs and not spent:
         return _unlimited(label)
-    return RouteSpec(label, False, max(costs, default=1), tuple(hits), tuple(shadow))
+    return RouteSpec(label, False, max(costs, default=1), tuple(hits), tuple(shadow), spent)
 
 
 _UNLIMITED: dict[str, RouteSpec] = {}
@@ -193,7 +196,8 @@ def _route_methods(route: Any) -> list[str]:
 
 
 def _endpoint_marks(route: Any, method: str) -> tuple[list[RouteLimit], bool, int | None]:
-    """The ``@limit`` marks, exemption and cost set on a route's endpoint or dependencies."""
+    """The ``@limit`` marks, exemption and cost set on a route's endpoint or dependencies
+    (its ``@spends``: ``_endpoint_spends``)."""
     endpoint = getattr(route, "endpoint", None)
     targets = [endpoint]
     handler = _handler(endpoint, method)
@@ -210,6 +214,16 @@ def _endpoint_marks(route: Any, method: str) -> tuple[list[RouteLimit], bool, in
             route_cost = target_cost
     marks.extend(_dependency_marks(getattr(route, "dependant", None)))
     return marks, is_exempt, route_cost
+
+
+def _endpoint_spends(route: Any, method: str) -> tuple[tuple[str, int], ...]:
+    """The units a route's endpoint spends (``@spends``), sorted."""
+    endpoint = getattr(route, "endpoint", None)
+    found = spends_on(endpoint)
+    handler = _handler(endpoint, method)
+    if handler is not None:
+        found.update(spends_on(handler))
+    return tuple(sorted(found.items()))
 
 
 def _dependency_marks(dependant: Any) -> Iterator[RouteLimit]:

@@ -17,13 +17,14 @@ from .checks import is_token
 from .errors import ConfigError
 from .limits import Hit, Limit, as_limits
 
-__all__ = ["RouteLimit", "RouteRule", "RouteSpec", "cost", "exempt", "limit"]
+__all__ = ["RouteLimit", "RouteRule", "RouteSpec", "cost", "exempt", "limit", "spends"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _log = logging.getLogger("ratelimit_mw")
 _LIMITS = "__ratelimit_limits__"
 _EXEMPT = "__ratelimit_exempt__"
 _COST = "__ratelimit_cost__"
+_SPENDS = "__ratelimit_spends__"
 
 
 def _check_cost(value: object) -> int:
@@ -113,6 +114,32 @@ def cost(amount: int) -> Callable[[F], F]:
         return endpoint
 
     return mark
+
+
+def spends(unit: str, estimate: int) -> Callable[[F], F]:
+    """Make the endpoint spend ``unit`` (``"tokens"``): the tier's limits counting that
+    unit apply to its requests, each reserving ``estimate`` until the response settles
+    what it cost. Elsewhere those limits are not charged at all."""
+    if not isinstance(unit, str) or not is_token(unit) or unit != unit.lower():
+        msg = f"spends needs a unit such as 'tokens', got {unit!r}"
+        raise ConfigError(msg)
+    if unit == "requests":
+        msg = "every endpoint spends requests; set what one costs with @cost(n)"
+        raise ConfigError(msg)
+    if isinstance(estimate, bool) or not isinstance(estimate, int) or estimate < 0:
+        msg = f"spends({unit!r}, ...) needs an estimate: a whole number >= 0, got {estimate!r}"
+        raise ConfigError(msg)
+
+    def mark(endpoint: F) -> F:
+        setattr(endpoint, _SPENDS, {**getattr(endpoint, _SPENDS, {}), unit: estimate})
+        return endpoint
+
+    return mark
+
+
+def spends_on(target: object) -> dict[str, int]:
+    """The units ``@spends`` marks on a function or class, with their estimates."""
+    return dict(getattr(target, _SPENDS, {}))
 
 
 def marks_on(target: object) -> tuple[tuple[RouteLimit, ...], bool, int | None]:
@@ -208,6 +235,8 @@ class RouteSpec:
     cost: int = 1
     hits: tuple[Hit, ...] = ()
     shadow: tuple[Hit, ...] = ()
+    spends: tuple[tuple[str, int], ...] = ()
+    """The units beside requests its requests spend (``@spends``), with their estimates."""
 
 
 NO_ROUTE = RouteSpec()

@@ -41,6 +41,9 @@ class Tier:
     concurrency: int | None = None
     shadow: frozenset[str] = frozenset()
     hits: tuple[Hit, ...] = field(init=False, repr=False, compare=False)
+    metered: bool = field(init=False, repr=False, compare=False)
+    """True when some limit counts another unit than requests: charged only on routes
+    that spend it (``@spends``)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -69,6 +72,7 @@ class Tier:
             raise ConfigError(msg)
         object.__setattr__(self, "shadow", shadow)
         object.__setattr__(self, "hits", tuple(Hit(limit) for limit in limits))
+        object.__setattr__(self, "metered", any(limit.unit != "requests" for limit in limits))
 
     @property
     def names(self) -> tuple[str, ...]:
