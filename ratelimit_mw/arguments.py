@@ -68,8 +68,8 @@ def check_settles(storage: Storage, limiter: Limiter) -> None:
     for hit in hits:
         if hit.limit.settlement is not None:
             msg = (f"limit {hit.limit.name!r} ({hit.limit}) settles its charge after the "
-                   f"response ({hit.limit.settlement!r}), which {storage!r} can't do; use "
-                   f"MemoryStorage or RedisStorage")
+                   f"response ({hit.limit.settlement!r}), which {type(storage).__name__} "
+                   f"can't do; use MemoryStorage or RedisStorage")
             raise ConfigError(msg)
 
 

@@ -65,7 +65,8 @@ class Limit:
     the real cost is read after the response (``cost_from_header(...)``), ``estimate``
     what is reserved before the app runs (default: the request's cost). ``unit``
     names what the limit counts, in headers (``"tokens"``: ``X-RateLimit-*-Tokens``);
-    ``per`` counts it apart by something the request says (``json_field("username")``).
+    ``per`` counts it apart by something the request says (``json_field("username")``);
+    ``max_delay`` (the leaky bucket) holds a request for its turn instead of refusing it.
 
     >>> str(Limit(Rate(10, 60), "token_bucket", burst=20))
     'token_bucket 10/minute burst 20'
@@ -80,6 +81,10 @@ class Limit:
     unit: str = "requests"
     per: Partition | None = None
     """What the request says that the limit is counted apart by (``partitions.py``)."""
+    max_delay: float = 0.0
+    """Seconds a request may be held for its turn instead of refused (``gcra``, the
+    leaky bucket: shaping); 0 refuses what does not fit now."""
+    max_delay_us: int = field(init=False, repr=False, compare=False)
     amount: int = field(init=False, repr=False, compare=False)
     capacity: int = field(init=False, repr=False, compare=False)
     period_us: int = field(init=False, repr=False, compare=False)
@@ -94,7 +99,7 @@ class Limit:
                  burst: object = None, name: object = "", count: object = None,
                  cost: object = None, estimate: object = None,
                  unit: object = "requests", settlement: object = None,
-                 per: object = None) -> None:
+                 per: object = None, max_delay: object = 0.0) -> None:
         set_ = object.__setattr__
         rate = parse_rate(rate)
         set_(self, "rate", rate)
@@ -120,7 +125,9 @@ class Limit:
             msg = (f"calendar_month counts per calendar month; write the rate as "
                    f"'{rate.amount}/month', not {str(rate)!r}")
             raise ConfigError(msg)
-        capacity = burst if isinstance(burst, int) else rate.amount
+        held = parse_delay(max_delay)
+        # A shaped limit lets one through at once unless told otherwise: it smooths.
+        capacity = burst if isinstance(burst, int) else 1 if held else rate.amount
         set_(self, "amount", rate.amount)
         set_(self, "capacity", capacity)
         set_(self, "period_us", rate.period_us)
@@ -146,8 +153,15 @@ class Limit:
             msg = f"per={per!r} is not a partition; use e.g. per=json_field('username')"
             raise ConfigError(msg)
         set_(self, "per", per)
+        if held and kind != "gcra":
+            msg = (f"max_delay={max_delay!r} holds requests for their turn, which the leaky "
+                   f"bucket does (algorithm 'leaky_bucket' or 'gcra'), not {kind}")
+            raise ConfigError(msg)
+        set_(self, "max_delay", held)
+        set_(self, "max_delay_us", round(held * 1_000_000))
         # Limits key the per-request lookups (policy names, header texts): hash once.
-        set_(self, "_hash", hash((rate, kind, burst, self.name, settlement, unit, id(per))))
+        set_(self, "_hash", hash((rate, kind, burst, self.name, settlement, unit, id(per),
+                                  held)))
 
     def __hash__(self) -> int:
         return self._hash
@@ -155,7 +169,7 @@ class Limit:
     def __reduce__(self) -> tuple[Any, ...]:
         # Rebuilt, not copied: the cached hash is only valid in the process that made it.
         return (_rebuild_limit, (type(self), self.rate, self.algorithm, self.burst, self.name,
-                                 self.settlement, self.unit, self.per))
+                                 self.settlement, self.unit, self.per, self.max_delay))
 
     @classmethod
     def concurrency(cls, capacity: object, *, lease: object = 30.0, name: object = "") -> Limit:
@@ -188,16 +202,46 @@ class Limit:
             text += f" burst {self.burst}"
         if self.unit != "requests":
             text += f" ({self.unit})"
+        if self.max_delay:
+            text += f" held up to {self.max_delay:g}s"
         return text
+
+
+MAX_DELAY = 3600.0
+"""The longest a shaped limit may hold a request: an hour."""
+
+
+def parse_delay(value: object) -> float:
+    """Seconds from a number or a duration (``"5s"``, ``"500ms"``, ``"2m"``), from 0 to
+    ``MAX_DELAY``, or a ConfigError naming the value."""
+    seconds: float | None = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().lower()
+        for suffix, scale in (("ms", 0.001), ("s", 1.0), ("m", 60.0)):
+            if text.endswith(suffix):
+                number = text.removesuffix(suffix).strip()
+                try:
+                    seconds = float(number) * scale
+                except ValueError:
+                    seconds = None
+                break
+    if seconds is None or not 0 <= seconds <= MAX_DELAY:
+        msg = (f"max_delay={value!r} is not a delay; expected seconds from 0 to "
+               f"{MAX_DELAY:g}, or a duration such as '5s' or '500ms'")
+        raise ConfigError(msg)
+    return seconds
 
 
 def _rebuild_limit(
     cls: type[Limit], rate: Rate, algorithm: str, burst: int | None, name: str,
     settlement: Settlement | None = None, unit: str = "requests", per: Partition | None = None,
+    max_delay: float = 0.0,
 ) -> Limit:
     """Unpickle a limit (its constructor's arguments are keyword-only)."""
     return cls(rate, algorithm, burst=burst, name=name, unit=unit, settlement=settlement,
-               per=per)
+               per=per, max_delay=max_delay)
 
 
 def as_limits(
@@ -336,7 +380,7 @@ def run(limit: Limit, state: Any, now: int, cost: int) -> RawStep:
     if kind == "concurrency":
         return concurrency.decide(state, now, amount, period, capacity, cost)
     if kind == "gcra":
-        return gcra.decide(state, now, amount, period, capacity, cost)
+        return gcra.decide(state, now, amount, period, capacity, cost, limit.max_delay_us)
     if kind == "sliding_log":
         return sliding_log.decide(state, now, amount, period, capacity, cost)
     return calendar_month.decide(state, now, amount, period, capacity, cost)

@@ -43,9 +43,18 @@ def ticks(amount: int, period: int, capacity: int) -> tuple[int, int]:
 
 def decide(
     state: GcraState | None, now: int, amount: int, period: int, capacity: int, cost: int,
+    delay: int = 0,
 ) -> RawStep:
-    """Admit ``cost`` units unless that pushes the TAT beyond ``now + tau``."""
-    per_us, interval = ticks(amount, period, capacity)
+    """Admit ``cost`` units unless that pushes the TAT beyond ``now + tau``.
+
+    With ``delay`` (microseconds: a shaped limit's most a request may wait), a request
+    that fits within ``delay`` from now is admitted with its start that far ahead: the
+    step's ``retry_us`` of an admitted request is how long it waits for its turn, which
+    it has taken (the leaky bucket as a queue, nginx's ``limit_req`` without
+    ``nodelay``). Beyond ``delay``, it is refused, ``retry_us`` saying when it would
+    fit within it."""
+    per_us, interval = ticks(amount, period, capacity + (
+        ceil_div(delay * amount, period) if delay else 0))
     tau = interval * capacity
     # ahead: how far the TAT is past now, in ticks.
     ahead = (state[0] - now) * per_us + state[1] if state is not None and state[0] >= now else 0
@@ -56,11 +65,14 @@ def decide(
         return (False, remaining, reset, NEVER_US, seen)
     new_ahead = ahead + cost * interval
     late = new_ahead - tau
+    wait = 0
     if late > 0:
-        return (False, remaining, reset, ceil_div(late, per_us), seen)
+        wait = ceil_div(late, per_us)
+        if wait > delay:
+            return (False, remaining, reset, wait - delay, seen)
     if not cost:
         return (True, remaining, reset, 0, seen)
-    return (True, -late // interval, ceil_div(new_ahead, per_us), 0,
+    return (True, -late // interval if late <= 0 else 0, ceil_div(new_ahead, per_us), wait,
             (now + new_ahead // per_us, new_ahead % per_us))
 
 
