@@ -107,30 +107,25 @@ class Holds:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    def settle_now(self, adjustments: list[Adjustment], source: Source) -> bool:
+        """Settle ``adjustments`` without awaiting, where their storage can
+        (``Storage.settle_now``); False when ``settle`` must be awaited."""
+        try:
+            return self.storage_of(source).settle_now(adjustments, self._not_closed)
+        except Exception as exc:
+            self._not_closed(adjustments, exc)
+            return True  # given up on: the estimates stay charged
+
     async def settle(self, adjustments: list[Adjustment], source: Source) -> None:
         """Settle ``adjustments`` on the storage of ``source``; never raises (a failure
         leaves the estimates charged, counted and logged)."""
-        storage = self.storage_of(source)
-        try:
-            if storage.settle_now(adjustments, self._not_closed):
-                return
-            async with asyncio.timeout(self._batch.timeout):
-                await storage.close_holds(adjustments)
-        except Exception as exc:
-            self._not_closed(adjustments, exc)
-
-    def settle_soon(self, adjustments: list[Adjustment], source: Source) -> None:
-        """``settle``, in a task of its own where it must be awaited."""
-        storage = self.storage_of(source)
-        try:
-            if storage.settle_now(adjustments, self._not_closed):
-                return
-        except Exception as exc:
-            self._not_closed(adjustments, exc)
+        if self.settle_now(adjustments, source):
             return
-        task: asyncio.Task[None] = asyncio.ensure_future(self.settle(adjustments, source))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        try:
+            async with asyncio.timeout(self._batch.timeout):
+                await self.storage_of(source).close_holds(adjustments)
+        except Exception as exc:
+            self._not_closed(adjustments, exc)
 
     def _not_closed(self, holds: Sequence[Hold], exc: BaseException) -> None:
         """Log (and count) holds that could not be closed."""
@@ -283,10 +278,22 @@ class SettlingHolding(Holding):
         if kind == "http.response.start" and not self.status:
             message = self._started(message)
             if self.head:
-                self._settle_soon()
+                return self._settled_then_sent(message)
         elif kind == "http.response.body" and not message.get("more_body"):
-            self._settle_soon()
+            return self._settled_then_sent(message)
         return super().__call__(message)
+
+    def _settled_then_sent(self, message: Message) -> Awaitable[None]:
+        """Settle before the response's end goes out, as leases close: a client that
+        has seen it finds its charge settled. At once where the storage can."""
+        adjustments = self._take_adjustments()
+        if not adjustments or self.holds.settle_now(adjustments, self.source):
+            return super().__call__(message)
+        return self._settle_and_send(message, adjustments)
+
+    async def _settle_and_send(self, message: Message, adjustments: list[Adjustment]) -> None:
+        await self.holds.settle(adjustments, self.source)
+        await Holding.__call__(self, message)
 
     def _started(self, message: Message) -> Message:
         """Note the status and the costs the headers say; drop the headers to hide."""
@@ -329,22 +336,20 @@ class SettlingHolding(Holding):
                 out.append(Adjustment(self.key, hit, actual - hit.cost, self.at))
         return out
 
-    def _settle_soon(self) -> None:
-        if self.settling:
-            self.settling = False
-            adjustments = self.adjustments()
-            if adjustments:
-                self.holds.settle_soon(adjustments, self.source)
+    def _take_adjustments(self) -> list[Adjustment]:
+        """The adjustments to make, once: none after the first call."""
+        if not self.settling:
+            return []
+        self.settling = False
+        return self.adjustments()
 
     async def close(self) -> None:
         """Close what the response did not (the app raised or ended without one): the
         leases, and the charges as its status says (500 when it sent none)."""
         await super().close()
-        if self.settling:
-            self.settling = False
-            adjustments = self.adjustments()
-            if adjustments:
-                await self.holds.settle(adjustments, self.source)
+        adjustments = self._take_adjustments()
+        if adjustments:
+            await self.holds.settle(adjustments, self.source)
 
     def keep_estimates(self) -> None:
         """The request was cancelled before its response: nothing says what it cost,

@@ -13,14 +13,15 @@ import hiredis
 from redis import exceptions as redis_errors
 from redis.asyncio.connection import AbstractConnection
 
-__all__ = ["DECIDE", "RELEASE", "Batch", "Kind", "Owner", "Pipe", "Queued", "TakenSlots", "fail",
-           "forget", "live"]
+__all__ = ["DECIDE", "RELEASE", "SETTLE", "Batch", "Kind", "Owner", "Pipe", "Queued",
+           "TakenSlots", "fail", "forget", "live"]
 
 
 class Kind(NamedTuple):
     """What a pipelined command does. A command that ``closes`` what a request held
-    (a lease given back) is written even when its caller no longer waits, and still
-    sent when the storage closes; a decision nobody waits for is dropped instead."""
+    (a lease given back, a charge settled) is written even when its caller no longer
+    waits, and still sent when the storage closes; a decision nobody waits for is
+    dropped instead."""
 
     name: str
     closes: bool = False
@@ -28,6 +29,7 @@ class Kind(NamedTuple):
 
 DECIDE = Kind("decide")
 RELEASE = Kind("release", closes=True)
+SETTLE = Kind("settle", closes=True)
 
 TakenSlots = tuple[str, tuple[tuple[str, str], ...], str]
 """The concurrency slots a decision may take: its identity, ``(scope, uid)`` of each
@@ -91,8 +93,8 @@ class Batch:
 class Owner(Protocol):
     """What a pipe hands its replies and its loss to (the pipeline)."""
 
-    script: bytes
-    """The ``SCRIPT LOAD`` command sent again on NOSCRIPT."""
+    scripts: tuple[bytes, ...]
+    """The ``SCRIPT LOAD`` commands sent again on NOSCRIPT."""
 
     def answer(self, entry: Queued, reply: Any) -> None: ...
 
@@ -120,8 +122,8 @@ class Pipe:
         # Done when the transport has let go of its socket (for TLS, after the
         # close_notify exchange, which outlives close()).
         self.gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.loading = False  # a SCRIPT LOAD written and not yet answered
-        self.load_error: Exception | None = None  # why the last SCRIPT LOAD failed
+        self.loading = 0  # SCRIPT LOADs written and not yet answered
+        self.load_error: Exception | None = None  # why the last reload failed
         # (batch, entry, sent again after NOSCRIPT) of each command written and not yet
         # answered; batch and entry None for the SCRIPT LOAD written after a NOSCRIPT.
         self.waiting: deque[tuple[Batch | None, Queued | None, bool]] = deque()
@@ -138,13 +140,15 @@ class Pipe:
         batch.left += len(entries)
         self.transport.write(b"".join([entry[1] for entry in entries]))
 
-    def reload(self, script: bytes, batch: Batch, entry: Queued) -> None:
-        """After NOSCRIPT (a restarted or flushed Redis): load the script, once for all
+    def reload(self, scripts: tuple[bytes, ...], batch: Batch, entry: Queued) -> None:
+        """After NOSCRIPT (a restarted or flushed Redis): load the scripts, once for all
         the commands written before the load, and send ``entry`` again (only once)."""
         if not self.loading:
-            self.loading = True
-            self.waiting.append((None, None, False))
-            self.transport.write(script)
+            self.loading = len(scripts)
+            self.load_error = None
+            for script in scripts:
+                self.waiting.append((None, None, False))
+                self.transport.write(script)
         self.waiting.append((batch, entry, True))
         self.transport.write(entry[1])
 
@@ -158,15 +162,16 @@ class Pipe:
                 if isinstance(reply, _PUSH):
                     continue  # RESP3 out-of-band news (maintenance notices): no reply
                 batch, entry, again = waiting.popleft()
-                if batch is None or entry is None:  # the reply to SCRIPT LOAD
-                    self.loading = False
-                    self.load_error = reply if isinstance(reply, Exception) else None
+                if batch is None or entry is None:  # the reply to a SCRIPT LOAD
+                    self.loading -= 1
+                    if isinstance(reply, Exception):
+                        self.load_error = reply
                     continue
                 if isinstance(reply, redis_errors.ResponseError):
                     reply = _error(reply)
                     if isinstance(reply, redis_errors.NoScriptError):
                         if not again and not entry[2].done():
-                            self.reload(owner.script, batch, entry)
+                            self.reload(owner.scripts, batch, entry)
                             continue
                         if again and self.load_error is not None:
                             reply = self.load_error  # why the script is still missing

@@ -38,17 +38,17 @@ class Pipeline:
     """Queues packed commands and writes each tick's batch on the shared connection.
 
     ``abandon`` receives the slots of an admitted decision whose caller stopped waiting
-    before its reply came; ``script`` is the ``SCRIPT LOAD`` command sent on NOSCRIPT.
+    before its reply came; ``scripts`` are the ``SCRIPT LOAD`` commands sent on NOSCRIPT.
     After ``close()`` it may be used again: it connects anew (and must be closed again).
     """
 
     __slots__ = ("_abandon", "_client", "_connecting", "_cut", "_doubtful", "_held",
-                 "_inflight", "_loop", "_pending", "_pipe", "_watch", "_watch_at", "script")
+                 "_inflight", "_loop", "_pending", "_pipe", "_watch", "_watch_at", "scripts")
 
-    def __init__(self, client: Redis, script: bytes,
+    def __init__(self, client: Redis, scripts: tuple[bytes, ...],
                  abandon: Callable[[TakenSlots], None]) -> None:
         self._client = client
-        self.script = script
+        self.scripts = scripts
         self._abandon = abandon
         self._pending: list[Queued] = []  # queued in this tick, written at its end
         self._held: list[tuple[Batch, list[Queued]]] = []  # flushed while connecting

@@ -6,14 +6,14 @@ import asyncio
 import math
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 from mypy_extensions import mypyc_attr
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
-from ..decision import Lease, Verdict, decision_from
+from ..decision import Adjustment, Hold, Lease, Verdict, decision_from
 from ..errors import ConfigError, StorageError
 from ..limits import Hit, MergedHits, merge_hits
 from ..rates import MAX_AMOUNT
@@ -26,13 +26,14 @@ from .base import (
     bad_usage,
 )
 from .faults import CONNECTION_LOST, REDIS_FAILURES, cause
-from .inflight import DECIDE, RELEASE, Kind, TakenSlots
+from .inflight import DECIDE, RELEASE, SETTLE, Kind, TakenSlots
 from .keys import check_prefix, counter_suffix, glob_escape, identity_tag, redis_key
 from .lease_ids import new_lease_id
 from .pipe import Pipeline
 from .pool import answer_within
 from .renewals import renew_leases
-from .scripts import decide_script_source, lua_source
+from .scripts import decide_script_source, lua_source, settle_script_source
+from .settlements import by_identity, settle_adjustments, settle_call
 from .usage_reads import read_usage
 from .warmup import WARM_CONNECTIONS, pack_command, probe_commands, warm_client, warm_cluster
 from .wire import PackedHits, pack_hits, pack_release, pack_script_load, slots_taken
@@ -53,8 +54,9 @@ class RedisStorage(Storage):
     """
 
     __slots__ = ("_client", "_clock", "_cold", "_encode", "_owns_client", "_packed_hits",
-                 "_pipeline", "_renew_script", "_script", "_socket_timeout", "_tags",
-                 "_usage_args", "connect_timeout", "pipeline", "prefix", "retention", "timeout")
+                 "_pipeline", "_renew_script", "_script", "_settle_script", "_socket_timeout",
+                 "_tags", "_usage_args", "connect_timeout", "pipeline", "prefix", "retention",
+                 "timeout")
 
     def __init__(
         self,
@@ -98,9 +100,12 @@ class RedisStorage(Storage):
         script = decide_script_source()
         self._script: AsyncScript = client.register_script(script)
         self._renew_script: AsyncScript = client.register_script(lua_source("renew"))
-        # Pipelined decisions and give-backs share one connection of their own.
-        self._pipeline = Pipeline(client, pack_script_load(script),
-                                  self._abandon) if self.pipeline else None
+        settle_script = settle_script_source()
+        self._settle_script: AsyncScript = client.register_script(settle_script)
+        # Pipelined decisions, give-backs and settlements share one connection of their own.
+        self._pipeline = Pipeline(
+            client, (pack_script_load(script), pack_script_load(settle_script)),
+            self._abandon) if self.pipeline else None
         # Keys packed by hand are encoded as redis-py would (the client's encoding).
         self._encode: Callable[[str], bytes] = (
             client.get_encoder().encode if self.pipeline else str.encode)
@@ -328,6 +333,49 @@ class RedisStorage(Storage):
         done.add_done_callback(partial(_report_failure, on_failure, leases))
         return True
 
+    settles: ClassVar[bool] = True
+
+    async def settle(self, adjustments: Sequence[Adjustment]) -> None:
+        """See ``Storage.settle``: one settle.lua call per identity (Cluster: its keys
+        share a hash slot), on Redis's clock; the decision's time says which window, log
+        entry or bucket the reservation went to. Pipelined: in the next flush."""
+        try:
+            if self._pipeline is not None:
+                await self._queue_settlements(adjustments)
+            else:
+                await settle_adjustments(self._settle_script, self.prefix,
+                                         self._clock_arg(), adjustments)
+        except REDIS_FAILURES as exc:
+            msg = f"redis could not settle {len(adjustments)} charge(s): {cause(exc)}"
+            raise StorageError(msg) from exc
+
+    def settle_now(
+        self, adjustments: Sequence[Adjustment],
+        on_failure: Callable[[Sequence[Hold], BaseException], None],
+    ) -> bool:
+        """See ``Storage.settle_now``: on pipelined Redis the settlements are written at
+        once, before the response's end goes out, and ahead of every decision this
+        storage makes later (one connection, in order): the caller's next request
+        finds them made."""
+        if self._pipeline is None:
+            return False
+        done = self._queue_settlements(adjustments)
+        self._pipeline.flush(done.get_loop())
+        done.add_done_callback(partial(_report_failure, on_failure, adjustments))
+        return True
+
+    def _queue_settlements(self, adjustments: Sequence[Adjustment]) -> asyncio.Future[Any]:
+        """The settle.lua calls of ``adjustments``, queued; done when all are answered."""
+        sha = self._settle_script.sha.encode()
+        clock = self._clock_arg()
+        done = []
+        for group in by_identity(adjustments):
+            keys, args = settle_call(self.prefix, clock, group)
+            command = pack_command(b"EVALSHA", sha, b"%d" % len(keys),
+                                   *map(self._encode, keys), *map(str.encode, args))
+            done.append(self._queue(SETTLE, command, self._bound(None)))
+        return done[0] if len(done) == 1 else asyncio.gather(*done)
+
     async def usage(
         self, key: str, granularity: Granularity, start: float, end: float,
     ) -> list[tuple[int, int]]:
@@ -360,7 +408,7 @@ class RedisStorage(Storage):
         primary), load the scripts, run each command the library uses once in a form
         that changes nothing (a missing ACL permission shows now) and open connections;
         a failure raises ``StorageError`` from its cause."""
-        scripts = [decide_script_source(), lua_source("renew")]
+        scripts = [decide_script_source(), lua_source("renew"), settle_script_source()]
         probes = probe_commands(self._script.sha, f"{identity_tag(self.prefix, '')}probe")
         try:
             if isinstance(self._client, RedisCluster):
@@ -394,11 +442,11 @@ def _mark_seen(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-def _report_failure(on_failure: Callable[[Sequence[Lease], BaseException], None],
-                    leases: Sequence[Lease], future: asyncio.Future[Any]) -> None:
-    """Hand a failed release's error to ``on_failure``."""
+def _report_failure(on_failure: Callable[[Sequence[Any], BaseException], None],
+                    holds: Sequence[Hold], future: asyncio.Future[Any]) -> None:
+    """Hand a failed release's or settlement's error to ``on_failure``."""
     if future.cancelled():
         return
     exc = future.exception()
     if exc is not None:
-        on_failure(leases, exc)
+        on_failure(holds, exc)

@@ -6,7 +6,7 @@ from importlib.resources import files
 
 from ..limits import ALGORITHM_NAMES
 
-__all__ = ["decide_script_source", "lua_source"]
+__all__ = ["decide_script_source", "lua_source", "settle_script_source"]
 
 
 def lua_source(*names: str) -> str:
@@ -18,3 +18,9 @@ def lua_source(*names: str) -> str:
 def decide_script_source() -> str:
     """The decision script: the prelude, one file per algorithm, then the driver."""
     return lua_source("prelude", *ALGORITHM_NAMES, "concurrency", "calendar_month", "decide")
+
+
+def settle_script_source() -> str:
+    """The settling script: the algorithms' helpers (the decision script's files), then
+    settle.lua, whose twins of each algorithm's ``settle`` use them."""
+    return lua_source("prelude", *ALGORITHM_NAMES, "calendar_month", "settle")

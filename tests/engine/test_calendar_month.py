@@ -9,6 +9,7 @@ import pytest
 
 from ratelimit_mw import ConfigError, Hit, Limit, MemoryStorage, RedisStorage, Storage
 from ratelimit_mw.algorithms.calendar_month import month_bounds
+from ratelimit_mw.decision import Adjustment
 from tests.conftest import FakeClock, on_clock
 
 
@@ -51,17 +52,27 @@ def test_monthly_rate_must_say_month() -> None:
 
 
 async def test_memory_and_redis_agree_across_months(redis_url: str, redis_prefix: str) -> None:
-    """Random steps over two years of month edges decide identically on both storages."""
+    """Random steps over two years of month edges, some settled later by a random
+    difference, decide identically on both storages."""
     rng = random.Random(7)
     clock = FakeClock(ts("2027-11-30T20:00:00"))
     memory = MemoryStorage(clock=clock)
     redis_storage = on_clock(RedisStorage.from_url(redis_url, prefix=redis_prefix), clock)
     hits = [Hit(Limit.monthly(5)), Hit(Limit("3/day", "fixed_window"))]
+    reserved: list[Adjustment] = []
     try:
         for step in range(500):
             clock.advance(rng.choice([1, 3600, 6 * 3600, 2 * 86400]))
+            if reserved and rng.random() < 0.3:  # settled later, maybe in the next month
+                adjustment = reserved.pop(rng.randrange(len(reserved)))
+                adjustment = adjustment._replace(delta=rng.randint(-1, 3))
+                await memory.settle([adjustment])
+                await redis_storage.settle([adjustment])
+                continue
             chosen = rng.sample(hits, rng.randint(1, 2))
             a, b = await memory.decide("k", chosen), await redis_storage.decide("k", chosen)
             assert a == b, f"step {step} at {clock.now}"
+            if a.allowed:
+                reserved += [Adjustment("k", hit, 0, a.at) for hit in chosen]
     finally:
         await redis_storage.close()

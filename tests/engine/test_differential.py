@@ -12,7 +12,7 @@ import time
 import pytest
 
 from ratelimit_mw import Hit, Limit, MemoryStorage, RedisStorage
-from ratelimit_mw.decision import Verdict
+from ratelimit_mw.decision import Adjustment, Verdict
 from ratelimit_mw.limits import ALGORITHM_NAMES
 from tests.conftest import FakeClock, on_clock
 
@@ -281,3 +281,43 @@ async def test_gcra_reads_the_state_earlier_versions_wrote(
     finally:
         await redis_storage.close()
         await raw.aclose()
+
+
+@pytest.mark.parametrize("algorithm", [*ALGORITHM_NAMES, "mixed"])
+async def test_memory_and_redis_agree_on_settlements(
+    redis_url: str, redis_prefix: str, algorithm: str,
+) -> None:
+    """Random decisions, some settled later by a random difference (a refund, a higher
+    cost, a debt): settle.lua moves Redis's counters as each algorithm's ``settle``
+    moves memory's, so every later decision is the same."""
+    rng = random.Random(f"settle-{algorithm}")
+    clock = FakeClock(1_700_000_000 + rng.random() * 1000)
+    memory = MemoryStorage(clock=clock)
+    redis_storage = on_clock(RedisStorage.from_url(redis_url, prefix=redis_prefix), clock)
+    names = ALGORITHM_NAMES if algorithm == "mixed" else (algorithm,)
+    limits = [limit for name in names for limit in _limits(name, rng)]
+    reserved: list[tuple[str, Hit, float]] = []
+    settled = 0
+    try:
+        for step in range(600):
+            clock.advance(rng.choice([0, 1e-6, rng.random() * 0.5, rng.random() * 3,
+                                      rng.random() * 20]))
+            if reserved and rng.random() < 0.4:
+                key, hit, at = reserved.pop(rng.randrange(len(reserved)))
+                adjustment = Adjustment(key, hit, rng.randint(-hit.cost, 6), at)
+                await memory.settle([adjustment])
+                await redis_storage.settle([adjustment])
+                settled += 1
+                continue
+            key = rng.choice(["a", "b"])
+            hits = [Hit(limit, rng.choice([0, 1, 1, 2, 3]))
+                    for limit in rng.sample(limits, rng.randint(1, min(3, len(limits))))]
+            verdict = await memory.decide(key, hits)
+            expected = _summary(verdict)
+            got = _summary(await redis_storage.decide(key, hits))
+            assert got == expected, f"step {step} at {clock.now!r}: {hits}"
+            if verdict.allowed:
+                reserved += [(key, hit, verdict.at) for hit in hits]
+    finally:
+        await redis_storage.close()
+    assert settled > 100

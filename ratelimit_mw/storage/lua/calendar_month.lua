@@ -25,8 +25,9 @@ local function days_from_civil(year, month, day)
   return era * 146097 + yoe * 365 + idiv(yoe, 4) - idiv(yoe, 100) + doy - 719468
 end
 
-ALGORITHMS.calendar_month = function(key, now, amount, period, capacity, cost)
-  local days = idiv(now, DAY_US)
+-- The month of t: its first and its end, in microseconds.
+local function cm_bounds(t)
+  local days = idiv(t, DAY_US)
   local year, month, day = civil_from_days(days)
   local start = days - day + 1
   local finish
@@ -35,5 +36,10 @@ ALGORITHMS.calendar_month = function(key, now, amount, period, capacity, cost)
   else
     finish = days_from_civil(year, month + 1, 1)
   end
-  return fw_in_window(key, now, start * DAY_US, finish * DAY_US, amount, cost)
+  return start * DAY_US, finish * DAY_US
+end
+
+ALGORITHMS.calendar_month = function(key, now, amount, period, capacity, cost)
+  local start, finish = cm_bounds(now)
+  return fw_in_window(key, now, start, finish, amount, cost)
 end

@@ -1,0 +1,150 @@
+-- units: time in microseconds, amounts in the limit's units.
+-- Settles reserved charges after their responses: twin of each algorithm's ``settle``
+-- (algorithms/*.py). Follows the algorithm files, whose helpers it uses.
+-- KEYS[i] is the counter of adjustment i (one identity's keys: one hash slot).
+-- ARGV[1] is empty (Redis's clock) or a time in microseconds (tests only); then six
+-- values per adjustment: algorithm, amount, period, capacity, delta, and the time its
+-- request was decided. Reply: how many counters changed.
+local SETTLE_SLACK_MS = 1000
+local SETTLE = {}
+
+-- The key lives at least until `ends` (a time): a debt outlives the reservation.
+local function keep_until(key, now, ends)
+  local ttl = math.ceil((ends - now) / 1000) + SETTLE_SLACK_MS
+  if redis.call("PTTL", key) < ttl then redis.call("PEXPIRE", key, ttl) end
+end
+
+local function fw_settle(key, now, start, finish, delta)
+  local saved = redis.call("HMGET", key, "w", "c")
+  if saved[1] then
+    if tonumber(saved[1]) ~= start then return false end
+    redis.call("HSET", key, "c", fmt(math.max(0, tonumber(saved[2]) + delta)))
+    return true
+  end
+  if now >= finish or delta <= 0 then return false end  -- nothing reserved, nothing due
+  redis.call("HSET", key, "w", fmt(start), "c", fmt(delta))
+  keep_until(key, now, finish)
+  return true
+end
+
+SETTLE.fixed_window = function(key, now, at, amount, period, capacity, delta)
+  local start = at - imod(at, period)
+  return fw_settle(key, now, start, start + period, delta)
+end
+
+SETTLE.calendar_month = function(key, now, at, amount, period, capacity, delta)
+  local start, finish = cm_bounds(at)
+  return fw_settle(key, now, start, finish, delta)
+end
+
+SETTLE.sliding_window = function(key, now, at, amount, period, capacity, delta)
+  local start = at - imod(at, period)
+  local saved = redis.call("HMGET", key, "w", "c", "p")
+  local w = tonumber(saved[1])
+  if not w then
+    if delta <= 0 or now >= start + 2 * period then return false end
+    if now < start + period then
+      redis.call("HSET", key, "w", fmt(start), "c", fmt(delta), "p", "0")
+    else
+      redis.call("HSET", key, "w", fmt(start + period), "c", "0", "p", fmt(delta))
+    end
+    keep_until(key, now, start + 2 * period)
+    return true
+  end
+  if w == start then
+    redis.call("HSET", key, "c", fmt(math.max(0, tonumber(saved[2]) + delta)))
+  elseif w == start + period then
+    redis.call("HSET", key, "p", fmt(math.max(0, tonumber(saved[3]) + delta)))
+  else
+    return false
+  end
+  return true
+end
+
+SETTLE.sliding_log = function(key, now, at, amount, period, capacity, delta)
+  if at <= now - period then return false end
+  local score = fmt(at)
+  if delta < 0 then
+    local taken = redis.call("ZRANGEBYSCORE", key, score, score, "LIMIT", 0, -delta)
+    if #taken == 0 then return false end
+    for first = 1, #taken, 500 do
+      redis.call("ZREM", key, unpack(taken, first, math.min(#taken, first + 499)))
+    end
+    return true
+  end
+  -- Members of their own ("s" and the settling time), apart from the decisions'.
+  local size, tag = redis.call("ZCARD", key), score .. ":s" .. fmt(now) .. ":"
+  for first = 1, delta, 500 do
+    local args = {}
+    for i = first, math.min(delta, first + 499) do
+      args[#args + 1] = score
+      args[#args + 1] = tag .. fmt(size + i)
+    end
+    redis.call("ZADD", key, unpack(args))
+  end
+  keep_until(key, now, at + period)
+  return true
+end
+
+SETTLE.token_bucket = function(key, now, at, amount, period, capacity, delta)
+  local rate = amount / period
+  local saved = redis.call("HMGET", key, "t", "l")
+  local stored, last = tonumber(saved[1]), tonumber(saved[2])
+  if stored and tb_available(stored, last, now, capacity, rate) >= capacity then
+    stored = nil  -- refilled by now: a full bucket, as if the key had gone
+  end
+  local tokens
+  if stored then
+    tokens, last = math.min(capacity, stored - delta), last
+  elseif delta > 0 then  -- a full bucket: only a debt changes it, from now
+    tokens, last = capacity - delta, now
+  else
+    return false
+  end
+  redis.call("HSET", key, "t", string.format("%.17g", tokens), "l", fmt(last))
+  keep_until(key, now, last + math.ceil((capacity - tokens) / rate))
+  return true
+end
+
+SETTLE.gcra = function(key, now, at, amount, period, capacity, delta)
+  local per_us, interval = gcra_ticks(amount, period, capacity)
+  -- Ticks past now: a TAT already passed is an empty bucket, as when deciding.
+  local ahead = delta * interval
+  local stored = redis.call("GET", key)
+  if stored then
+    local dot = string.find(stored, ".", 1, true)
+    local us, part = tonumber(stored), 0
+    if dot then
+      us, part = tonumber(string.sub(stored, 1, dot - 1)), tonumber(string.sub(stored, dot + 1))
+    end
+    if us >= now then ahead = ahead + (us - now) * per_us + part end
+  elseif delta <= 0 then
+    return false
+  end
+  if ahead <= 0 then
+    redis.call("DEL", key)
+  else
+    local us = now + idiv(ahead, per_us)
+    redis.call("SET", key, fmt(us) .. "." .. fmt(imod(ahead, per_us)),
+      "PX", math.ceil((us - now) / 1000) + SETTLE_SLACK_MS)
+  end
+  return true
+end
+
+local now
+if ARGV[1] ~= "" then
+  now = tonumber(ARGV[1])
+else
+  local t = redis.call("TIME")
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local changed = 0
+for i = 1, #KEYS do
+  local j = 2 + (i - 1) * 6
+  local settle = SETTLE[ARGV[j]]
+  if settle and settle(KEYS[i], now, tonumber(ARGV[j + 5]), tonumber(ARGV[j + 1]),
+      tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4])) then
+    changed = changed + 1
+  end
+end
+return changed
