@@ -33,7 +33,6 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Query
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -59,6 +58,9 @@ from ratelimit_mw.metrics import PrometheusMetrics
 from ratelimit_mw.openapi import document_limits
 from ratelimit_mw.overrides import Override, Overrides, admin_router, caller_key
 
+from .bodies import UNKNOWN_KEY, UNREADABLE_BODY, ErrorBody
+from .charged import router as charged_router
+
 TIERS_FILE = Path(__file__).with_name("tiers.toml")
 API_KEYS = {
     "demo-free": "free",
@@ -71,25 +73,6 @@ settings = RateLimitSettings.from_toml(TIERS_FILE)
 
 metrics = (None if os.environ.get("EXAMPLE_METRICS", "on").lower() in ("off", "0", "false")
            else PrometheusMetrics())
-
-
-class ErrorBody(BaseModel):
-    """The body of the example's own errors: the shape of every answer of ratelimit_mw."""
-
-    error: str
-    message: str
-
-
-class FastAPIError(BaseModel):
-    """FastAPI's own error body."""
-
-    detail: str
-
-
-UNKNOWN_KEY: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody, "description": "The X-API-Key is not one of the demo keys."}}
-UNREADABLE_BODY: dict[int | str, dict[str, Any]] = {
-    400: {"model": FastAPIError, "description": "The body can't be read (FastAPI's answer)."}}
 
 
 class APIKeyAuth:
@@ -227,6 +210,7 @@ async def upstream(failure_rate: float = Query(0.0, ge=0, le=1)) -> JSONResponse
     return JSONResponse(result)
 
 
+app.include_router(charged_router)
 app.include_router(quota_router())  # document_limits describes its two routes
 if settings.admin_token is not None:
     app.include_router(admin_router(settings=settings))
