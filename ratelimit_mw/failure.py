@@ -23,6 +23,7 @@ from .errors import ConfigError, StorageError, describe_error
 from .events import Source
 from .limits import Hit
 from .metrics import Metrics, error_kind
+from .outages import OutageLog
 from .storage import MemoryStorage, Storage
 from .storage.faults import FailureCause, failure_cause
 
@@ -49,16 +50,18 @@ def check_mode(value: object) -> FailureMode:
 class FailureStats:
     """Counters of the failure policy at work, since start-up (read them for metrics:
     ``middleware.limiter.guarded.stats``). Every decision made without the storage is
-    counted once by its cause (``timeouts``, ``connection_errors``, ``other_errors``,
-    ``skipped``) and once by what answered it (``allowed``, ``refused``,
+    counted once by its cause (``timeouts``, ``connection_errors``, ``oom_errors``,
+    ``other_errors``, ``skipped``) and once by what answered it (``allowed``, ``refused``,
     ``fallback``)."""
 
     failures: int = 0
-    """Storage calls that failed or timed out (the sum of the three causes below)."""
+    """Storage calls that failed or timed out (the sum of the four causes below)."""
     timeouts: int = 0
     """Calls the storage did not answer in time."""
     connection_errors: int = 0
     """Calls that found no connection (refused, lost, reset)."""
+    oom_errors: int = 0
+    """Calls Redis refused because it was full (``OOM``, under ``noeviction``)."""
     other_errors: int = 0
     """Calls that failed otherwise (an error reply, a bug in a custom storage)."""
     skipped: int = 0
@@ -84,6 +87,8 @@ class FailureStats:
             self.timeouts += 1
         elif cause == "connection":
             self.connection_errors += 1
+        elif cause == "oom":
+            self.oom_errors += 1
         else:
             self.other_errors += 1
 
@@ -95,17 +100,18 @@ class _Episode:
     __slots__ = ("at_start", "began")
 
     def __init__(self, stats: FailureStats, began: float) -> None:
-        self.at_start = (stats.timeouts, stats.connection_errors, stats.other_errors,
-                         stats.skipped)
+        self.at_start = (stats.timeouts, stats.connection_errors, stats.oom_errors,
+                         stats.other_errors, stats.skipped)
         self.began = began
 
     def summary(self, stats: FailureStats) -> tuple[int, str]:
         """How many decisions this episode made without the storage, and by cause."""
-        now = (stats.timeouts, stats.connection_errors, stats.other_errors, stats.skipped)
-        timeout, connection, error, skipped = (b - a for a, b in zip(self.at_start, now,
-                                                                       strict=True))
-        return (timeout + connection + error + skipped,
-                f"timeout={timeout} connection={connection} error={error} "
+        now = (stats.timeouts, stats.connection_errors, stats.oom_errors, stats.other_errors,
+               stats.skipped)
+        timeout, connection, oom, error, skipped = (b - a for a, b in zip(self.at_start, now,
+                                                                            strict=True))
+        return (timeout + connection + oom + error + skipped,
+                f"timeout={timeout} connection={connection} oom={oom} error={error} "
                 f"breaker_open={skipped}")
 
 
@@ -117,8 +123,8 @@ class GuardedStorage:
     ``MemoryStorage`` instead, so limits still hold per process.
     """
 
-    __slots__ = ("_episode", "breaker", "fallback", "metrics", "mode", "recovery_interval",
-                 "stats", "storage", "timeout")
+    __slots__ = ("_episode", "breaker", "fallback", "metrics", "mode", "reads",
+                 "recovery_interval", "stats", "storage", "timeout")
 
     def __init__(
         self,
@@ -145,6 +151,10 @@ class GuardedStorage:
         self.fallback = MemoryStorage(clock=clock) if self.mode == "memory" else None
         self.stats = FailureStats()
         self._episode: _Episode | None = None  # the outage going on, if any
+        self.reads = OutageLog(
+            "quota read", "quota_unavailable", "the quota endpoints answer 503",
+            recovered="quota_recovered")
+        """The outages of ``read``, logged once each (the decisions' are ``_episode``)."""
         self.metrics = metrics
         """Told each decision's storage call time and failures, and the breaker's state."""
         if metrics is not None and isinstance(self.breaker, CircuitBreaker):
@@ -237,12 +247,18 @@ class GuardedStorage:
         again. Its outcome is not counted: a slow report must not turn the decisions'
         storage off. It may take ten times the decisions' timeout, a second at least
         (then ``TimeoutError``)."""
-        if self.breaker.remaining_cooldown > 0:
-            msg = "the storage failed and rests for a moment (its breaker is open)"
-            raise StorageError(msg)
-        # Bounded, more loosely than a decision (a report may take two round trips).
-        async with asyncio.timeout(max(1.0, 10 * self.timeout)):
-            return await call()
+        try:
+            if self.breaker.remaining_cooldown > 0:
+                msg = "the storage failed and rests for a moment (its breaker is open)"
+                raise StorageError(msg)
+            # Bounded, more loosely than a decision (a report may take two round trips).
+            async with asyncio.timeout(max(1.0, 10 * self.timeout)):
+                answer = await call()
+        except (StorageError, TimeoutError) as exc:
+            self.reads.failed(exc)
+            raise
+        self.reads.succeeded()
+        return answer
 
     def _degraded(
         self, key: str, hits: Sequence[Hit], usage: int = 0,

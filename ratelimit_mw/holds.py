@@ -14,7 +14,6 @@ Shaped requests' turns are a kind of hold to come (docs/internals.md, "Holds").
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
@@ -22,24 +21,23 @@ from starlette.types import Message, Send
 
 from .asgi import Header
 from .decision import Adjustment, Hold, Lease
-from .errors import describe_error
 from .events import Source
 from .leases import LeaseRenewals
 from .limits import Hit
 from .metrics import Metrics
+from .outages import OutageLog
 from .sending import with_headers
 from .storage import Storage
 
 __all__ = ["Holding", "Holds", "SettlingHolding"]
-
-_log = logging.getLogger("ratelimit_mw")
 
 
 class Holds:
     """The holds of this worker's requests on ``storage`` (and on the ``fallback`` that
     decides while it is down), with one verb for ending them: ``close``."""
 
-    __slots__ = ("_batch", "_fallback", "_metrics", "_renewals", "_storage", "_tasks")
+    __slots__ = ("_batch", "_fallback", "_metrics", "_released", "_renewals", "_settled",
+                 "_storage", "_tasks")
 
     def __init__(self, storage: Storage, fallback: Storage | None, *, lease: float,
                  timeout: float, metrics: Metrics | None = None) -> None:
@@ -51,6 +49,11 @@ class Holds:
         # slot not given back stays taken for its whole lease).
         self._batch = _ClosingBatch(max(1.0, timeout))
         self._tasks: set[asyncio.Task[None]] = set()
+        # Holds not closed are logged once an outage (``outages``), counted in metrics.
+        self._released = OutageLog("slot release", "slot_release_failed",
+                                   "slots not given back free themselves when their lease ends")
+        self._settled = OutageLog("settlement", "settlement_failed",
+                                  "charges not settled keep their estimates")
 
     def storage_of(self, source: Source) -> Storage:
         """The storage whose holds a verdict from ``source`` has."""
@@ -99,6 +102,8 @@ class Holds:
             await asyncio.shield(done)
         except Exception as exc:
             self._not_closed(leases, exc)
+        else:
+            self._released.succeeded()
 
     def close_soon(self, leases: tuple[Lease, ...], source: Source) -> None:
         """Close ``leases`` now if their storage can, else in a task of their own."""
@@ -126,17 +131,17 @@ class Holds:
                 await self.storage_of(source).close_holds(adjustments)
         except Exception as exc:
             self._not_closed(adjustments, exc)
+        else:
+            self._settled.succeeded()
 
     def _not_closed(self, holds: Sequence[Hold], exc: BaseException) -> None:
         """Log (and count) holds that could not be closed."""
         settlements = sum(1 for hold in holds if isinstance(hold, Adjustment))
         slots = len(holds) - settlements
         if slots:
-            _log.warning("ratelimit_mw: couldn't give back %d concurrency slot(s) (%s); they "
-                         "free themselves when their lease ends", slots, describe_error(exc))
+            self._released.failed(exc, slots)
         if settlements:
-            _log.warning("ratelimit_mw: couldn't settle %d charge(s) after the response (%s); "
-                         "their estimates stay charged", settlements, describe_error(exc))
+            self._settled.failed(exc, settlements)
         if self._metrics is not None:
             if slots:
                 self._metrics.slot_release_failed(slots)

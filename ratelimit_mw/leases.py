@@ -8,18 +8,15 @@ the request runs (however long: a stream, a websocket), and given back when it e
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 
 from .decision import Lease
-from .errors import describe_error
 from .events import Source
 from .limits import Limit
+from .outages import OutageLog
 from .storage import Storage
 
 __all__ = ["LeaseRenewals"]
-
-_log = logging.getLogger("ratelimit_mw")
 
 
 class LeaseRenewals:
@@ -30,7 +27,7 @@ class LeaseRenewals:
     in between, and a round that hangs can't hold up the next).
     """
 
-    __slots__ = ("_armed", "_held", "_lease_us", "_rounds", "_storage_of", "_tick")
+    __slots__ = ("_armed", "_failures", "_held", "_lease_us", "_rounds", "_storage_of", "_tick")
 
     def __init__(self, lease: float, storage_of: Callable[[Source], Storage]) -> None:
         self._held: dict[int, tuple[tuple[Lease, ...], Source, asyncio.AbstractEventLoop]] = {}
@@ -39,6 +36,8 @@ class LeaseRenewals:
         self._tick = lease / 3
         self._armed: set[asyncio.AbstractEventLoop] = set()
         self._rounds: set[asyncio.Task[None]] = set()
+        self._failures = OutageLog("slot renewal", "slot_renewal_failed",
+                                   "slots not renewed end with their lease unless renewed later")
 
     def hold(self, leases: tuple[Lease, ...], source: Source) -> None:
         loop = asyncio.get_running_loop()
@@ -78,6 +77,6 @@ class LeaseRenewals:
             async with asyncio.timeout(self._tick):
                 await storage.renew(leases, self._lease_us)
         except Exception as exc:
-            _log.warning("ratelimit_mw: couldn't renew %d concurrency slot(s) (%s); they "
-                         "end with their lease unless renewed later", len(leases),
-                         describe_error(exc))
+            self._failures.failed(exc, len(leases))
+        else:
+            self._failures.succeeded()

@@ -46,7 +46,6 @@ only by its client IP, gets 401: quotas belong to accounts.
 
 from __future__ import annotations
 
-import logging
 import math
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -56,7 +55,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, Router
 
 from .decision import Decision
-from .errors import StorageError, describe_error
+from .errors import StorageError
 from .identity import Caller
 from .limiter import Limiter, limiter_of
 from .responses import error_response, iso_utc
@@ -75,16 +74,10 @@ def _unit(limit_period: float) -> str:
     return _UNITS.get(seconds, f"{limit_period:g}s")
 
 
-_log = logging.getLogger("ratelimit_mw")
-
-
-def _unavailable(what: str, limiter: Limiter, exc: BaseException) -> Response:
+def _unavailable(what: str, limiter: Limiter) -> Response:
     """The 503 for a read that failed; the cause (which may name the storage's address)
-    goes to the log, not to the caller."""
+    goes to the log (``Limiter.read``'s, once an outage), not to the caller."""
     retry = limiter.retry_after
-    error = describe_error(exc)
-    _log.warning("ratelimit_mw quota read failed: event=quota_unavailable error=%s", error,
-                 extra={"ratelimit": {"event": "quota_unavailable", "error": error}})
     return error_response(503, "quota_unavailable",
                           f"{what} can't be read right now; try again in {retry}s.",
                           headers={"Retry-After": str(retry)})
@@ -185,8 +178,8 @@ class _QuotaEndpoints:
                 days = await limiter.read(lambda: storage.usage(
                     caller.key, "day", now - _SKEW, now + _SKEW))
                 today = days[-1][1] if days else 0
-        except (StorageError, TimeoutError) as exc:
-            return _unavailable("The quota", limiter, exc)
+        except (StorageError, TimeoutError):
+            return _unavailable("The quota", limiter)
         if peek is not None and peek.at is not None:
             now = peek.at  # the storage's clock: app servers agree on the period
         label, _, month_end = _month(now)
@@ -240,8 +233,8 @@ class _QuotaEndpoints:
         try:
             buckets = await limiter.read(lambda: limiter.storage.usage(
                 caller.key, grain, start, end))
-        except (StorageError, TimeoutError) as exc:
-            return _unavailable("The history", limiter, exc)
+        except (StorageError, TimeoutError):
+            return _unavailable("The history", limiter)
         return JSONResponse({
             "plan": caller.tier.name,
             "granularity": granularity,

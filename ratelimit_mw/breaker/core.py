@@ -271,7 +271,9 @@ class BreakerCore:
             self._opened_at = at
         if old is new:
             return
-        level = logging.WARNING if new is _OPEN else logging.INFO
+        # Opening from closed is news; a failed trial opening it again, every cooldown
+        # of an outage, is not (a warning each time would flood the log).
+        level = logging.WARNING if new is _OPEN and old is _CLOSED else logging.INFO
         _log.log(level, "circuit %r: %s -> %s (%s)", self.name, old, new, reason)
         for watcher in self._watchers:
             watcher.circuit_state(self.name, old, new)

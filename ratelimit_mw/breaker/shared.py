@@ -20,6 +20,7 @@ from typing import Any
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
+from ..outages import OutageLog
 from .circuit_breaker import CircuitBreaker, check_callable, check_number
 from .core import Permit
 from .state import CircuitOpenError, CircuitState
@@ -43,8 +44,8 @@ class SharedCircuitBreaker(CircuitBreaker):
     process goes on in its own state (a trial call, if it had opened too).
     """
 
-    __slots__ = ("_adopted", "_closed", "_hook", "_key", "_owns_client", "_poller", "_redis",
-                 "_shared_until", "_sync_interval", "_tasks")
+    __slots__ = ("_adopted", "_closed", "_hook", "_key", "_owns_client", "_poller",
+                 "_publishing", "_redis", "_shared_until", "_sync_interval", "_tasks")
 
     def __init__(self, *, redis: Redis | str, prefix: str = "ratelimit:breaker:",
                  sync_interval: float = 0.25,
@@ -69,6 +70,10 @@ class SharedCircuitBreaker(CircuitBreaker):
         self._poller: asyncio.Task[None] | None = None
         self._closed = False  # after aclose(): no more reading (its own state only)
         self._tasks: set[asyncio.Task[None]] = set()
+        # Publishing fails at each opening of an outage of Redis: logged once for all.
+        self._publishing = OutageLog(
+            f"circuit {self.name!r} sharing", "breaker_share_failed",
+            "each process keeps to its own breaker", logger=_log)
 
     @property
     def key(self) -> str:
@@ -157,8 +162,9 @@ class SharedCircuitBreaker(CircuitBreaker):
         try:
             await self._redis.set(self._key, "open", px=max(1, math.ceil(seconds * 1000)))
         except _FAILURES as exc:
-            _log.warning("circuit %r: couldn't share its opening through Redis (%s)",
-                         self.name, exc)
+            self._publishing.failed(exc)
+        else:
+            self._publishing.succeeded()
 
     async def _read(self) -> None:
         try:

@@ -20,6 +20,7 @@ from ..errors import ConfigError, StorageError
 from ..identity import credentials
 from ..limiter import limiter_of
 from ..metrics import Metrics
+from ..outages import OutageLog
 from ..responses import error_response
 from .fingerprint import fingerprint, record_key
 from .header import InvalidKeyError, parse_idempotency_key
@@ -109,6 +110,7 @@ class IdempotencyMiddleware:
         "_client_ip",
         "_identity",
         "_metrics",
+        "_outages",
         "_required",
         "app",
         "fail_open",
@@ -165,6 +167,11 @@ class IdempotencyMiddleware:
         self._api_key_header = header_name(api_key_header, "api_key_header").encode("latin-1")
         self._client_ip = ClientIP(trusted_proxies)
         self._required = [self._required_rule(rule) for rule in required]
+        # A failing store is logged once an outage (claims, renewals, releases counted).
+        self._outages = OutageLog(
+            "idempotency store", "idempotency_store_failed",
+            "requests with a key run without it" if fail_open else
+            "requests with a key answer 503", logger=_log)
 
     def _required_rule(self, rule: str) -> tuple[frozenset[str], re.Pattern[str]]:
         """``"[METHOD ]pattern"`` as the methods it covers and a compiled path pattern."""
@@ -246,16 +253,16 @@ class IdempotencyMiddleware:
             claim = await self.store.claim(record, fp, lock_ttl=self.lock_ttl)
         except StorageError as exc:
             self._metrics.idempotency("store_failure")
+            self._outages.failed(exc)
             if self.fail_open:
-                _log.warning("idempotency store failed; running without it: %s", exc)
                 await self.app(scope, receive, send)
                 return
-            _log.error("idempotency store failed: %s", exc)
             message = "the idempotency store is unavailable; retry shortly with the same key"
             wait = {"Retry-After": str(self.store.retry_after)}
             response = _answer(503, "idempotency_unavailable", message, **wait)
             await response(scope, receive, send)
             return
+        self._outages.succeeded()
 
         if claim.outcome == "mismatch":
             self._metrics.idempotency("mismatch")
@@ -321,8 +328,7 @@ class IdempotencyMiddleware:
                 if not await self.store.renew(record, token, lock_ttl=self.lock_ttl):
                     return  # stored, released, or lost to a retry after it ran out
             except StorageError as exc:
-                _log.warning("could not renew an idempotency lease (next try in %g s): %s",
-                             self.lock_ttl / 3, exc)
+                self._outages.failed(exc)  # tried again in a third of lock_ttl
 
     async def _complete(self, record: str, token: str, fp: str, response: StoredResponse) -> None:
         """Store the response, retrying briefly; if it can't be, the lease stays (logged)."""
@@ -350,4 +356,4 @@ class IdempotencyMiddleware:
         except StorageError as exc:
             # The lease expires by itself after lock_ttl.
             self._metrics.idempotency("store_failure")
-            _log.error("could not release an idempotency key: %s", exc)
+            self._outages.failed(exc)

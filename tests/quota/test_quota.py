@@ -404,6 +404,7 @@ async def test_failing_quota_reads_leave_the_decisions_storage_on(
         "error": "quota_unavailable",
         "message": "The history can't be read right now; try again in 2s."}  # recovery_interval
     assert "10.0.3.7" in caplog.text and "event=quota_unavailable" in caplog.text
+    assert caplog.text.count("event=quota_unavailable") == 1  # one line an outage, not 30
     assert greeted.headers["x-ratelimit-remaining"] == str(100 - 31)  # decided, not skipped
 
 
