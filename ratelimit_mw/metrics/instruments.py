@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Literal, NamedTuple, get_args
 
 from ..breaker import CircuitBreaker, CircuitState
-from ..errors import StorageError
+from ..errors import StorageError, out_of_memory
 from ..events import DecisionEvent
 
 __all__ = ["ERROR_KINDS", "IDEMPOTENCY_EVENTS", "INSTRUMENTS", "STORAGE_BUCKETS",
@@ -21,7 +21,7 @@ __all__ = ["ERROR_KINDS", "IDEMPOTENCY_EVENTS", "INSTRUMENTS", "STORAGE_BUCKETS"
 DecisionOutcome = Literal["allowed", "denied", "shadow_denied", "unavailable"]
 IdempotencyEvent = Literal["replay", "conflict", "mismatch", "store_failure"]
 IDEMPOTENCY_EVENTS: tuple[IdempotencyEvent, ...] = get_args(IdempotencyEvent)
-ErrorKind = Literal["timeout", "storage", "other"]
+ErrorKind = Literal["timeout", "oom", "storage", "other"]
 ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
 
 UNMATCHED_ROUTE = "unmatched"
@@ -82,10 +82,13 @@ the one description both backends read."""
 
 
 def error_kind(error: BaseException) -> ErrorKind:
-    """A failed storage call's kind: it timed out, the storage reported an error (its
-    connection, mostly), or anything else (a bug of a custom storage)."""
+    """A failed storage call's kind: it timed out, Redis was full (``OOM``: it refuses
+    writes under ``noeviction``), the storage reported another error (its connection,
+    mostly), or anything else (a bug of a custom storage)."""
     if isinstance(error, TimeoutError):
         return "timeout"
+    if out_of_memory(error):
+        return "oom"
     if isinstance(error, StorageError):
         return "storage"
     return "other"

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 from redis import exceptions as redis_errors
 
+from ..errors import out_of_memory
+
 __all__ = ["CONNECTION_LOST", "REDIS_FAILURES", "FailureCause", "cause", "failure_cause",
            "misconfiguration"]
 
@@ -72,12 +74,15 @@ def misconfiguration(exc: BaseException) -> str | None:
 
 
 FailureCause = str
-"""``timeout``, ``connection`` or ``error``: why a storage call failed."""
+"""``timeout``, ``connection``, ``oom`` or ``error``: why a storage call failed."""
 
 
 def failure_cause(exc: BaseException) -> FailureCause:
     """``timeout`` (no answer in time), ``connection`` (no connection: refused, lost,
-    reset) or ``error`` (anything else: an error reply, a bug)."""
+    reset), ``oom`` (Redis is full and refuses writes: see ``eviction``) or ``error``
+    (anything else: another error reply, a bug)."""
+    if out_of_memory(exc):
+        return "oom"
     for error in _chain(exc):
         if isinstance(error, TimeoutError | redis_errors.TimeoutError):
             return "timeout"

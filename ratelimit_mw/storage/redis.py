@@ -25,6 +25,7 @@ from .base import (
     UsageRetention,
     bad_usage,
 )
+from .eviction import warn_if_evicting
 from .faults import CONNECTION_LOST, REDIS_FAILURES, cause
 from .inflight import DECIDE, RELEASE, SETTLE, Kind, TakenSlots
 from .keys import check_prefix, counter_suffix, glob_escape, identity_tag, redis_key
@@ -406,8 +407,9 @@ class RedisStorage(Storage):
     async def prepare(self) -> None:
         """See ``Storage.prepare``: connect (Cluster: learn the slot map and every
         primary), load the scripts, run each command the library uses once in a form
-        that changes nothing (a missing ACL permission shows now) and open connections;
-        a failure raises ``StorageError`` from its cause."""
+        that changes nothing (a missing ACL permission shows now), open connections,
+        and warn if Redis may evict our keys (``eviction``); a failure raises
+        ``StorageError`` from its cause."""
         scripts = [decide_script_source(), lua_source("renew"), settle_script_source()]
         probes = probe_commands(self._script.sha, f"{identity_tag(self.prefix, '')}probe")
         try:
@@ -426,6 +428,7 @@ class RedisStorage(Storage):
             msg = f"redis is not ready: {cause(exc)}"
             raise StorageError(msg) from exc
         self._cold = False
+        await warn_if_evicting(self._client)
 
     async def close(self) -> None:
         """Close the pipelined connection (callers still waiting on it are cancelled),
