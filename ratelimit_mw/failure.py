@@ -27,13 +27,28 @@ from .outages import OutageLog
 from .storage import MemoryStorage, Storage
 from .storage.faults import FailureCause, failure_cause
 
-__all__ = ["FAILURE_MODES", "FailureMode", "FailureStats", "GuardedStorage", "check_mode"]
+__all__ = ["DEFAULT_MAX_PENDING", "FAILURE_MODES", "FailureMode", "FailureStats",
+           "GuardedStorage", "check_max_pending", "check_mode"]
 
 FailureMode = Literal["open", "closed", "memory"]
 FAILURE_MODES: tuple[FailureMode, ...] = get_args(FailureMode)
 
 _log = logging.getLogger("ratelimit_mw")
 T = TypeVar("T")
+
+
+DEFAULT_MAX_PENDING = 1000
+"""Decisions a worker lets wait on the storage at once: at a storage timeout of 50 ms,
+20 000 decisions a second; past it a held link would only pile up requests."""
+
+
+def check_max_pending(value: object) -> int:
+    """A whole number of decisions, 1 or more, or a ConfigError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        msg = (f"max_pending_decisions must be a whole number of decisions, 1 or more "
+               f"(default {DEFAULT_MAX_PENDING}), got {value!r}")
+        raise ConfigError(msg)
+    return value
 
 
 def check_mode(value: object) -> FailureMode:
@@ -66,6 +81,9 @@ class FailureStats:
     """Calls that failed otherwise (an error reply, a bug in a custom storage)."""
     skipped: int = 0
     """Storage calls not made because the breaker was open."""
+    overloaded: int = 0
+    """Storage calls not made because ``max_pending`` decisions were already waiting
+    on the storage (a burst on a link that holds)."""
     allowed: int = 0
     """Requests let through undecided (``open``)."""
     refused: int = 0
@@ -78,7 +96,7 @@ class FailureStats:
     @property
     def without_storage(self) -> int:
         """Decisions made without the storage, whatever the cause."""
-        return self.failures + self.skipped
+        return self.failures + self.skipped + self.overloaded
 
     def count(self, cause: FailureCause) -> None:
         """One failed storage call of ``cause``."""
@@ -100,19 +118,22 @@ class _Episode:
     __slots__ = ("at_start", "began")
 
     def __init__(self, stats: FailureStats, began: float) -> None:
-        self.at_start = (stats.timeouts, stats.connection_errors, stats.oom_errors,
-                         stats.other_errors, stats.skipped)
+        self.at_start = _causes(stats)
         self.began = began
 
     def summary(self, stats: FailureStats) -> tuple[int, str]:
         """How many decisions this episode made without the storage, and by cause."""
-        now = (stats.timeouts, stats.connection_errors, stats.oom_errors, stats.other_errors,
-               stats.skipped)
-        timeout, connection, oom, error, skipped = (b - a for a, b in zip(self.at_start, now,
-                                                                            strict=True))
-        return (timeout + connection + oom + error + skipped,
+        timeout, connection, oom, error, skipped, overloaded = (
+            b - a for a, b in zip(self.at_start, _causes(stats), strict=True))
+        return (timeout + connection + oom + error + skipped + overloaded,
                 f"timeout={timeout} connection={connection} oom={oom} error={error} "
-                f"breaker_open={skipped}")
+                f"breaker_open={skipped} overloaded={overloaded}")
+
+
+def _causes(stats: FailureStats) -> tuple[int, int, int, int, int, int]:
+    """The counts of decisions made without the storage, by cause."""
+    return (stats.timeouts, stats.connection_errors, stats.oom_errors, stats.other_errors,
+            stats.skipped, stats.overloaded)
 
 
 class GuardedStorage:
@@ -123,8 +144,8 @@ class GuardedStorage:
     ``MemoryStorage`` instead, so limits still hold per process.
     """
 
-    __slots__ = ("_episode", "breaker", "fallback", "metrics", "mode", "reads",
-                 "recovery_interval", "stats", "storage", "timeout")
+    __slots__ = ("_episode", "breaker", "fallback", "max_pending", "metrics", "mode",
+                 "pending", "reads", "recovery_interval", "stats", "storage", "timeout")
 
     def __init__(
         self,
@@ -136,9 +157,15 @@ class GuardedStorage:
         breaker: Gate | None = None,
         clock: Callable[[], float] = time.time,
         metrics: Metrics | None = None,
+        max_pending: object = DEFAULT_MAX_PENDING,
     ) -> None:
         # Checked arguments typed object: see ``checks``.
         self.mode = check_mode(mode)
+        self.max_pending = check_max_pending(max_pending)
+        """Decisions that may wait on the storage at once; the next are answered by the
+        failure policy at once (``FailureStats.overloaded``)."""
+        self.pending = 0
+        """Decisions waiting on the storage now."""
         self.timeout = positive_seconds("storage timeout", timeout)
         cooldown = positive_seconds("recovery interval", recovery_interval)
         self.recovery_interval = cooldown
@@ -186,6 +213,15 @@ class GuardedStorage:
 
         ``usage`` also adds an admitted request's units to the usage history (same call).
         """
+        if self.pending >= self.max_pending:
+            # A link that holds fills the worker with waiting requests: past the bound,
+            # answer now rather than queue more (the breaker is not told: no call made).
+            if self._episode is None:
+                self._begin(f"max_pending={self.max_pending} decisions wait on the storage")
+            self.stats.overloaded += 1
+            if self.metrics is not None:
+                self.metrics.storage_error("overloaded")
+            return self._degraded(key, hits, usage)
         permit = self.breaker.try_acquire()
         if permit is None:
             if self._episode is None:
@@ -194,6 +230,7 @@ class GuardedStorage:
             return self._degraded(key, hits, usage)
         metrics = self.metrics
         started = time.perf_counter() if metrics is not None else 0.0
+        self.pending += 1
         try:
             verdict = await self.storage.decide_within(self.timeout, key, hits, usage=usage)
         except Exception as exc:
@@ -210,6 +247,8 @@ class GuardedStorage:
         except BaseException:
             permit.release()
             raise
+        finally:
+            self.pending -= 1
         permit.record_success()
         if metrics is not None:
             metrics.storage_call(time.perf_counter() - started)

@@ -101,7 +101,7 @@ class Limiter:
         self.guarded = GuardedStorage(
             storage, mode=settings.failure_mode, timeout=settings.storage_timeout,
             recovery_interval=settings.recovery_interval, breaker=breaker, clock=clock,
-            metrics=metrics)
+            metrics=metrics, max_pending=settings.max_pending_decisions)
         self._format = HeaderFormat(settings.header_style, partition_key=settings.partition_key)
         self._shadow = settings.shadow
         self._usage = settings.quota_history

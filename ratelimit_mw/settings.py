@@ -60,7 +60,7 @@ from .charges import CostReader, cost_from_header, cost_from_state
 from .checks import header_name, positive_seconds
 from .client_ip import TrustedProxies, check_forwarded_header
 from .errors import ConfigError
-from .failure import FailureMode, check_mode
+from .failure import DEFAULT_MAX_PENDING, FailureMode, check_max_pending, check_mode
 from .headers import parse_header_style
 from .limits import Limit, as_limits
 from .responses import check_format
@@ -230,6 +230,7 @@ class RateLimitSettings(BaseSettings):
     require_storage: bool = False
     recovery_interval: float = 2.0
     failure_mode: FailureMode = "open"
+    max_pending_decisions: int = DEFAULT_MAX_PENDING
     header_style: str = "legacy"
     partition_key: bool = False
     response_format: Literal["json", "problem+json"] = "json"
@@ -274,7 +275,7 @@ class RateLimitSettings(BaseSettings):
         return _split(value)
 
     @field_validator("storage_timeout", "storage_connect_timeout", "startup_timeout",
-                     "recovery_interval", "concurrency_lease",
+                     "recovery_interval", "concurrency_lease", "max_pending_decisions",
                      "ipv6_prefix", "blocked_cache_size", "usage_retention_hours",
                      "usage_retention_days", mode="before")
     @classmethod
@@ -290,6 +291,11 @@ class RateLimitSettings(BaseSettings):
     @classmethod
     def _seconds(cls, value: float, info: ValidationInfo) -> float:
         return positive_seconds(str(info.field_name), value)
+
+    @field_validator("max_pending_decisions")
+    @classmethod
+    def _max_pending(cls, value: int) -> int:
+        return check_max_pending(value)
 
     @field_validator("blocked_cache_size")
     @classmethod

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Literal, NamedTuple, get_args
 
 from ..breaker import CircuitBreaker, CircuitState
-from ..errors import StorageError, out_of_memory
+from ..errors import StorageError
+from ..storage.faults import failure_cause
 from ..events import DecisionEvent
 
 __all__ = ["ERROR_KINDS", "IDEMPOTENCY_EVENTS", "INSTRUMENTS", "STORAGE_BUCKETS",
@@ -21,7 +22,7 @@ __all__ = ["ERROR_KINDS", "IDEMPOTENCY_EVENTS", "INSTRUMENTS", "STORAGE_BUCKETS"
 DecisionOutcome = Literal["allowed", "denied", "shadow_denied", "unavailable"]
 IdempotencyEvent = Literal["replay", "conflict", "mismatch", "store_failure"]
 IDEMPOTENCY_EVENTS: tuple[IdempotencyEvent, ...] = get_args(IdempotencyEvent)
-ErrorKind = Literal["timeout", "oom", "storage", "other"]
+ErrorKind = Literal["timeout", "oom", "storage", "other", "overloaded"]
 ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
 
 UNMATCHED_ROUTE = "unmatched"
@@ -85,10 +86,9 @@ def error_kind(error: BaseException) -> ErrorKind:
     """A failed storage call's kind: it timed out, Redis was full (``OOM``: it refuses
     writes under ``noeviction``), the storage reported another error (its connection,
     mostly), or anything else (a bug of a custom storage)."""
-    if isinstance(error, TimeoutError):
-        return "timeout"
-    if out_of_memory(error):
-        return "oom"
+    cause = failure_cause(error)  # through the chain: a storage's error wraps its cause
+    if cause in ("timeout", "oom"):
+        return "timeout" if cause == "timeout" else "oom"
     if isinstance(error, StorageError):
         return "storage"
     return "other"
@@ -135,7 +135,8 @@ class Metrics:
         not timed, since timing it would cost more than the call."""
 
     def storage_error(self, kind: ErrorKind) -> None:
-        """A storage call failed (``error_kind`` of its exception)."""
+        """A storage call failed (``error_kind`` of its exception), or was not made
+        because too many decisions already waited on the storage (``overloaded``)."""
 
     def slots_in_flight(self, tier: str, change: int) -> None:
         """Concurrency slots held by requests of ``tier`` changed by ``change``."""

@@ -140,6 +140,9 @@ def test_toml_table(tmp_path: Path) -> None:
     ("recovery_interval", -5, "recovery_interval must be a positive number of seconds"),
     ("recovery_interval", float("inf"), "recovery_interval must be a positive number"),
     ("blocked_cache_size", -5, "blocked_cache_size must be 0 .off. or a positive number"),
+    ("max_pending_decisions", 0, "max_pending_decisions must be a whole number of decisions, "
+                                 "1 or more .default 1000., got 0"),
+    ("max_pending_decisions", True, "max_pending_decisions must be a number, got True"),
     ("tier_header", "x-t\u20acr", "tier_header must be an HTTP header name"),
     ("api_key_header", "bad header", "api_key_header must be an HTTP header name"),
     ("routes", [{"path": "/x", "methods": ["G E T"]}], "'G E T' is not an HTTP method"),
