@@ -26,7 +26,7 @@ from ratelimit_mw.storage.eviction import eviction_risk
 from tests.conftest import middleware_arguments
 from tests.redis_servers import RedisProcess, own_redis
 
-pytestmark = [pytest.mark.redis]
+pytestmark = [pytest.mark.reliability, pytest.mark.redis]
 
 
 @pytest.mark.parametrize(("maxmemory", "policy", "evicts"), [
