@@ -36,7 +36,7 @@ from .scripts import decide_script_source, lua_source, settle_script_source
 from .settlements import by_identity, settle_adjustments, settle_call
 from .usage_reads import read_usage
 from .warmup import WARM_CONNECTIONS, pack_command, probe_commands, warm_client, warm_cluster
-from .wire import PackedHits, pack_hits, pack_release, pack_script_load, slots_taken
+from .wire import PackedHits, algorithm_arg, pack_hits, pack_release, pack_script_load, slots_taken
 
 __all__ = ["RedisStorage", "decide_script_source"]
 
@@ -180,8 +180,8 @@ class RedisStorage(Storage):
                 args: list[str | int] = [clock, lease_id, spec]
                 for hit in hits:
                     limit = hit.limit
-                    args += (limit.algorithm, limit.amount, limit.period_us, limit.capacity,
-                             hit.cost)
+                    args += (algorithm_arg(limit), limit.amount, limit.period_us,
+                             limit.capacity, hit.cost)
                 reply = await answer_within(self._script(keys=keys, args=args), wait)
         except REDIS_FAILURES as exc:
             if isinstance(exc, CONNECTION_LOST):

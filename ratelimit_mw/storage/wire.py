@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import NamedTuple
 
-from ..limits import Hit
+from ..limits import Hit, Limit
 from .keys import counter_suffix
 
-__all__ = ["PackedHits", "bulk", "pack_hits", "pack_release", "pack_script_load",
+__all__ = ["PackedHits", "algorithm_arg", "bulk", "pack_hits", "pack_release", "pack_script_load",
            "slots_taken"]
 
 
@@ -65,13 +65,21 @@ def pack_hits(sha: str, hits: tuple[Hit, ...], usage: bool) -> PackedHits:
     tail = b"".join(
         bulk(str(value).encode())
         for hit in hits
-        for value in (hit.limit.algorithm, hit.limit.amount, hit.limit.period_us,
+        for value in (algorithm_arg(hit.limit), hit.limit.amount, hit.limit.period_us,
                       hit.limit.capacity, hit.cost)
     )
     count = 3 + len(keys) + 3 + 5 * len(hits)
     head = b"*%d\r\n%b%b%b" % (count, bulk(b"EVALSHA"), bulk(sha.encode()),
                               bulk(b"%d" % len(keys)))
     return PackedHits(head, tuple(keys), tail, slots_taken(hits), {})
+
+
+def algorithm_arg(limit: Limit) -> str:
+    """decide.lua's name of ``limit``'s algorithm: a shaped limit's carries its longest
+    wait, ``gcra+<microseconds>``."""
+    if limit.max_delay_us:
+        return f"{limit.algorithm}+{limit.max_delay_us}"
+    return limit.algorithm
 
 
 def slots_taken(hits: Sequence[Hit]) -> tuple[tuple[str, str], ...]:

@@ -7,9 +7,11 @@
 -- ARGV[1] is empty (use Redis's clock) or a time in microseconds (tests only: lets the
 -- differential tests drive Redis on simulated time); ARGV[2] the lease id a
 -- concurrency hit takes; ARGV[3] the usage "hours,days,units" or empty (no usage);
--- then five values per hit: algorithm, amount, period, capacity, cost.
+-- then five values per hit: algorithm ("gcra+<us>" for a shaped limit, whose admitted
+-- requests may wait that long for their turn), amount, period, capacity, cost.
 -- Nothing is written unless every hit admits.
--- Reply: {all admitted (1/0), now, then per hit: admitted (1/0), remaining, reset, retry}.
+-- Reply: {all admitted (1/0), now, then per hit: admitted (1/0), remaining, reset, retry
+-- (for an admitted shaped hit: its wait)}.
 local SLACK_MS = 1000
 local HOUR, DAY = 3600000000, 86400000000
 local now
@@ -26,13 +28,18 @@ local steps = {}
 local admitted = true
 for i = 1, n do
   local j = 4 + (i - 1) * 5
-  local algorithm = ALGORITHMS[ARGV[j]]
+  local algorithm, delay = ALGORITHMS[ARGV[j]], 0
+  if not algorithm then  -- a shaped limit: "gcra+<its longest wait in microseconds>"
+    local name, held = string.match(ARGV[j], "^(.-)%+(%d+)$")
+    algorithm, delay = ALGORITHMS[name], tonumber(held)
+  end
   local amount, period = tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
   local capacity, cost = tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4])
   local allowed, remaining, reset, retry, commit =
-    algorithm(KEYS[i], now, amount, period, capacity, cost)
+    algorithm(KEYS[i], now, amount, period, capacity, cost, delay)
   if not allowed then admitted = false end
-  steps[i] = {allowed, remaining, reset, retry, commit, algorithm, amount, period, capacity}
+  steps[i] = {allowed, remaining, reset, retry, commit, algorithm, amount, period, capacity,
+    delay}
 end
 
 local reply = {admitted and 1 or 0, now}
@@ -42,7 +49,7 @@ for i = 1, n do
     if s[5] then s[5](math.ceil(s[3] / 1000) + SLACK_MS) end
   elseif s[5] then
     -- Report what the admitted limits look like without this request's cost.
-    local allowed, remaining, reset, retry = s[6](KEYS[i], now, s[7], s[8], s[9], 0)
+    local allowed, remaining, reset, retry = s[6](KEYS[i], now, s[7], s[8], s[9], 0, s[10])
     s = {allowed, remaining, reset, retry}
   end
   reply[#reply + 1] = s[1] and 1 or 0
