@@ -26,8 +26,8 @@ async def post_fresh(url: str, path: str, **kwargs: object) -> httpx.Response:
 
 async def test_only_failed_logins_count_across_two_workers(start_server: StartServer) -> None:
     """A free caller: six good logins never count; five wrong passwords for one
-    username do, on either worker; then that username is refused (even with the right password) while another
-    logs in."""
+    username do, on either worker; then that username is refused (even with the right
+    password) while another logs in."""
     server = start_server("redis", workers=2)
 
     async def login(username: str, password: str) -> int:
