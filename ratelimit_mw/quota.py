@@ -31,6 +31,9 @@ How the numbers are computed (all for the caller's key, on the middleware's stor
   yet refilled. ``null`` when the tier has no per-minute limit.
 - ``requests_this_month`` (only when the tier has a monthly limit, e.g.
   ``Limit.monthly``): what that limit counts (exact for a calendar month).
+- A limit of another unit (``unit="tokens"``) is reported under its unit:
+  ``tokens_per_minute`` in ``limits``, ``tokens_this_minute`` in ``usage`` (what it
+  counts now, settled charges included, by the same peek).
 - ``period`` is the current UTC calendar month and ``resets_at`` the start of the
   next one (when monthly quotas reset).
 
@@ -173,11 +176,14 @@ class _QuotaEndpoints:
         if caller is None:
             return self._unauthorized()
         limit_set = limiter.limit_set_for(caller.tier, caller.key)
+        # The tier's limits of other units (tokens) are charged only where a route
+        # spends them, so a route-less set leaves them out: read them too.
+        hits = (*limit_set.hits, *(hit for hit in limit_set.tier.hits
+                                   if hit.limit.unit != "requests"))
         now = limiter.clock()
         storage = limiter.storage
         try:
-            peek = await limiter.read(lambda: storage.peek(caller.key, limit_set.hits)
-                               ) if limit_set.hits else None
+            peek = await limiter.read(lambda: storage.peek(caller.key, hits)) if hits else None
             today: int | None = None
             if limiter.settings.quota_history:
                 # Days around ours: the storage stops at its own today (Redis's clock),
@@ -197,11 +203,15 @@ class _QuotaEndpoints:
             if not decision.scope and (decision.scope, decision.limit) not in limit_set.shadow:
                 report.add(decision)
         usage: dict[str, int | None] = {
-            "requests_today": today if today is not None else report.counted.get("day"),
-            "requests_this_minute": report.counted.get("minute"),
+            "requests_today": (today if today is not None
+                               else report.counted.get(("requests", "day"))),
+            "requests_this_minute": report.counted.get(("requests", "minute")),
         }
-        if "month" in report.counted:
-            usage["requests_this_month"] = report.counted["month"]
+        for (unit, period), used in report.counted.items():
+            if unit != "requests":
+                usage[f"{unit}_this_{period}"] = used
+        if ("requests", "month") in report.counted:
+            usage["requests_this_month"] = report.counted["requests", "month"]
         body: dict[str, Any] = {
             "plan": caller.tier.name,
             "period": label,
@@ -260,7 +270,7 @@ class _Report:
     def __init__(self) -> None:
         self.limits: dict[str, int] = {}
         self.burst: dict[str, int] = {}
-        self.counted: dict[str, int] = {}
+        self.counted: dict[tuple[str, str], int] = {}  # (unit, period) -> used
         self.concurrency: dict[str, int] | None = None
 
     def add(self, decision: Decision) -> None:
@@ -269,11 +279,11 @@ class _Report:
         if limit.is_concurrency:
             self.concurrency = {"limit": limit.capacity, "in_flight": used}
             return
-        unit = _unit(limit.period)
-        name = f"requests_per_{unit}"
+        period = _unit(limit.period)
+        name = f"{limit.unit}_per_{period}"
         if name not in self.limits or limit.amount < self.limits[name]:
             self.limits[name] = limit.amount
-            self.counted[unit] = used
+            self.counted[limit.unit, period] = used
             if limit.burst is not None:
                 self.burst[name] = limit.burst
 

@@ -29,9 +29,10 @@ QUOTA_SCHEMA: JSON = {
                    "description": "The current UTC calendar month, e.g. `2024-01`."},
         "limits": {
             "type": "object",
-            "description": "One `requests_per_<period>` entry per rate limit of the tier "
-                           "(its sustained amount).",
-            "propertyNames": {"pattern": "^requests_per_"},
+            "description": "One `<unit>_per_<period>` entry per rate limit of the tier "
+                           "(its sustained amount): `requests_per_minute`, and for a limit "
+                           "of another unit, e.g. `tokens_per_minute`.",
+            "propertyNames": {"pattern": "^[a-z0-9_-]+_per_"},
             "additionalProperties": _COUNT,
         },
         "usage": {
@@ -47,6 +48,9 @@ QUOTA_SCHEMA: JSON = {
                 "requests_this_month": {**_COUNT, "description": "What the monthly limit "
                                         "counts (only with one)."},
             },
+            "additionalProperties": {
+                **_COUNT, "description": "`<unit>_this_<period>`: what a limit of another "
+                "unit counts now, settled charges included (e.g. `tokens_this_minute`)."},
         },
         "resets_at": {**_MOMENT, "description": "The start of the next UTC month."},
         "burst": {"type": "object", "propertyNames": {"pattern": "^requests_per_"},

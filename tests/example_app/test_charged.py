@@ -79,3 +79,20 @@ async def test_websocket_messages_are_limited_per_connection(
             await asyncio.wait_for(websocket.recv(), 5)
     assert closed.value.rcvd is not None
     assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (1008, CLOSE_REASON)
+
+
+async def test_the_quota_endpoint_counts_the_tokens_settled(
+    start_server: StartServer,
+) -> None:
+    """A free caller's completion of 2000 tokens: the quota endpoint reports the tier's
+    tokens limit and what it counts, the settled cost (less what refilled since)."""
+    server = start_server("redis", workers=2)
+    words = " ".join(["w"] * 1000)
+    async with httpx.AsyncClient(base_url=server.url, headers=FREE, timeout=10) as client:
+        done = await client.post("/api/v1/completions",
+                                 json={"prompt": words, "max_tokens": 1000})
+        assert done.status_code == 200
+        quota = (await client.get("/api/v1/account/quota")).json()
+    assert quota["limits"]["tokens_per_minute"] == 10000
+    # 10000 a minute refill 167 a second: a second or two of it at most.
+    assert 2000 - 400 <= quota["usage"]["tokens_this_minute"] <= 2000
