@@ -38,7 +38,9 @@ How the numbers are computed (all for the caller's key, on the middleware's stor
   next one (when monthly quotas reset).
 
 ``GET /api/v1/account/quota/history?granularity=hour|day&from=…&to=…``: admitted
-requests (in units) per UTC hour or day bucket; ``from``/``to`` are ISO dates (``2024-01-31``,
+requests (in units) per UTC hour or day bucket, and where the tier limits other units
+(tokens), what they spent of each (``"tokens"`` per bucket, ``"total_tokens"``),
+settled charges included; ``from``/``to`` are ISO dates (``2024-01-31``,
 a date-only ``to`` meaning the end of that day), ISO date-times or epoch seconds.
 Default range: the last 24 hours (hour) or 30 days (day). Buckets older than the
 retention (``usage_retention_hours``/``_days``) are not reported.
@@ -52,6 +54,7 @@ from __future__ import annotations
 import logging
 import math
 from datetime import UTC, date, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from starlette.requests import Request
@@ -247,19 +250,32 @@ class _QuotaEndpoints:
         if start > end:
             return error_response(400, "bad_request", "'from' must not be after 'to'")
         grain: Granularity = "hour" if granularity == "hour" else "day"
+        storage = limiter.storage
+        # Beside requests, each other unit the caller's tier limits (tokens): its own series.
+        tier = limiter.limit_set_for(caller.tier, caller.key).tier
+        units = list(dict.fromkeys(hit.limit.unit for hit in tier.hits
+                                   if hit.limit.unit != "requests"))
         try:
-            buckets = await limiter.read(lambda: limiter.storage.usage(
-                caller.key, grain, start, end))
+            buckets = await limiter.read(lambda: storage.usage(caller.key, grain, start, end))
+            spent = [await limiter.read(partial(storage.usage, caller.key, grain, start, end,
+                                                unit)) for unit in units]
         except (StorageError, TimeoutError) as exc:
             return _unavailable("The history", limiter, exc)
-        return JSONResponse({
+        rows: list[dict[str, Any]] = [{"start": iso_utc(epoch), "requests": count}
+                                      for epoch, count in buckets]
+        body: dict[str, Any] = {
             "plan": caller.tier.name,
             "granularity": granularity,
             "from": iso_utc(start),
             "to": iso_utc(end),
-            "buckets": [{"start": iso_utc(epoch), "requests": count} for epoch, count in buckets],
+            "buckets": rows,
             "total": sum(count for _, count in buckets),
-        }, headers={"Cache-Control": "no-store"})
+        }
+        for unit, series in zip(units, spent, strict=True):
+            for row, (_, count) in zip(rows, series, strict=False):
+                row[unit] = count
+            body[f"total_{unit}"] = sum(count for _, count in series)
+        return JSONResponse(body, headers={"Cache-Control": "no-store"})
 
 
 class _Report:

@@ -65,7 +65,9 @@ QUOTA_SCHEMA: JSON = {
 
 HISTORY_SCHEMA: JSON = {
     "type": "object",
-    "description": "Admitted requests (in units) per UTC hour or day.",
+    "description": "Admitted requests (in units) per UTC hour or day; where the tier "
+                   "limits another unit, what was spent of it (`tokens` per bucket, "
+                   "`total_tokens`), settled charges included.",
     "required": ["plan", "granularity", "from", "to", "buckets", "total"],
     "properties": {
         "plan": {"type": "string", "description": "The caller's tier."},
@@ -74,9 +76,11 @@ HISTORY_SCHEMA: JSON = {
         "to": _MOMENT,
         "buckets": {"type": "array", "items": {
             "type": "object", "required": ["start", "requests"],
-            "properties": {"start": _MOMENT, "requests": _COUNT}}},
+            "properties": {"start": _MOMENT, "requests": _COUNT},
+            "additionalProperties": _COUNT}},
         "total": _COUNT,
     },
+    "additionalProperties": _COUNT,
 }
 
 # A moment as the history endpoint reads it, written so that whatever matches is taken:
