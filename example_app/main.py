@@ -190,6 +190,14 @@ async def create_report() -> dict[str, str]:
     return {"report": "queued"}
 
 
+@app.post("/api/v1/exports", status_code=202, responses=UNKNOWN_KEY)
+@limit(Limit("2/second", "leaky_bucket", max_delay="5s", name="exports"))
+async def create_export() -> dict[str, Any]:
+    # A leaky bucket that holds: a burst is let in two a second, each request waiting up
+    # to 5 s for its turn (Server-Timing says how long); past that, 429 at once.
+    return {"export": "started", "worker": os.getpid()}
+
+
 @app.post("/api/v1/payments", status_code=201, responses={**UNKNOWN_KEY, **UNREADABLE_BODY})
 async def create_payment(payment: dict[str, Any]) -> dict[str, Any]:
     # Runs once per Idempotency-Key: a retry gets this same answer replayed.

@@ -134,6 +134,13 @@ class Holds:
         else:
             self._settled.succeeded()
 
+    def settle_soon(self, adjustments: list[Adjustment], source: Source) -> None:
+        """``settle``, in a task of its own where it must be awaited."""
+        if not self.settle_now(adjustments, source):
+            task: asyncio.Task[None] = asyncio.ensure_future(self.settle(adjustments, source))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
     def _not_closed(self, holds: Sequence[Hold], exc: BaseException) -> None:
         """Log (and count) holds that could not be closed."""
         settlements = sum(1 for hold in holds if isinstance(hold, Adjustment))

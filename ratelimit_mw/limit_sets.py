@@ -52,6 +52,14 @@ class LimitSet:
     partitioned: tuple[Hit, ...] = ()
     """The hits counted apart per what the request says (``Limit(per=...)``): a
     request's own set has them in its partitions (``LimitSets.partitioned``)."""
+    shaped: bool = False
+    """True when a limit holds requests for their turn (``Limit(max_delay=...)``)."""
+    entering: LimitSet | None = None
+    """A shaped set's concurrency slot, apart: taken when its request enters the app,
+    not while it waits for its turn."""
+    after: bool = False
+    """True when its requests hold something after the decision besides slots: a charge
+    to settle, a turn to wait for (the middleware's fast path skips the rest)."""
 
     def shadow_only(self, verdict: Verdict) -> bool:
         """True when every limit that denied ``verdict`` is a shadow limit."""
@@ -72,8 +80,11 @@ def make_limit_set(
     tier_hits = tier.hits if route.cost == 1 and not tier.metered else tuple(
         charged for hit in tier.hits if (charged := _charged(hit, route)) is not None)
     joined = tuple(_reserving(hit) for hit in tier_hits + route.hits)
-    if tier.concurrency is not None:
-        joined += (Hit(Limit.concurrency(tier.concurrency, lease=lease)),)
+    shaped = any(hit.limit.max_delay for hit in joined)
+    taking = (Hit(Limit.concurrency(tier.concurrency, lease=lease))
+              if tier.concurrency is not None else None)
+    if taking is not None and not shaped:
+        joined += (taking,)
     shadow = {(hit.scope, hit.limit) for hit in tier_hits if hit.limit.name in tier.shadow}
     shadow.update((hit.scope, hit.limit) for hit in route.shadow)
     enforced = merge_hits(tuple(hit for hit in joined if (hit.scope, hit.limit) not in shadow))
@@ -95,11 +106,24 @@ def make_limit_set(
         taken.add(written)
         names[slot] = name
     named = [(names[(hit.scope, hit.limit)], hit.limit) for hit in reported]
+    settled = tuple(hit for hit in hits if hit.limit.settlement is not None)
     return LimitSet(tier, route, hits, enforced, frozenset(shadow), names,
-                    tuple(fmt.static(named)), tier.concurrency is not None, _clash(joined),
-                    settled=tuple(hit for hit in hits if hit.limit.settlement is not None),
-                    metered=any(hit.limit.unit != "requests" for hit in hits),
-                    partitioned=tuple(hit for hit in hits if hit.limit.per is not None))
+                    tuple(fmt.static(named)), taking is not None and not shaped, _clash(joined),
+                    settled=settled, metered=any(hit.limit.unit != "requests" for hit in hits),
+                    partitioned=tuple(hit for hit in hits if hit.limit.per is not None),
+                    shaped=shaped, after=shaped or bool(settled),
+                    entering=_entering(tier, route, fmt, taking) if shaped else None)
+
+
+def _entering(tier: Tier, route: RouteSpec, fmt: HeaderFormat, slot: Hit | None
+              ) -> LimitSet | None:
+    """The set of a shaped set's concurrency ``slot`` alone (None without one)."""
+    if slot is None:
+        return None
+    hits = merge_hits((slot,))
+    names = {(slot.scope, slot.limit): slot.limit.name}
+    return LimitSet(tier, route, hits, hits, frozenset(), names,
+                    tuple(fmt.static([(slot.limit.name, slot.limit)])), True)
 
 
 def _partitioned(limit_set: LimitSet, values: tuple[str, ...]) -> LimitSet:

@@ -21,6 +21,7 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from mypy_extensions import mypyc_attr
@@ -43,6 +44,7 @@ from .responses import DeniedHook, Refusals, denial_headers, denial_of, send_res
 from .routes import RouteRule
 from .sending import AddingHeaders, CompletingDenial
 from .settings import RateLimitSettings
+from .shaping import Turns
 from .socket_messages import MessageLimits
 from .startup import get_ready
 from .storage import Storage
@@ -128,6 +130,8 @@ class RateLimitMiddleware:
                            lease=settings.concurrency_lease, timeout=settings.storage_timeout,
                            metrics=metrics)
         self._watches = DisconnectWatches()
+        self.turns = Turns(self.limiter, self.holds, cap=settings.max_held_requests,
+                           metrics=metrics)
 
     @property
     def on_denied(self) -> DeniedHook | None:
@@ -167,7 +171,7 @@ class RateLimitMiddleware:
             await self._refuse(scope, receive, send, outcome)
             return
         verdict = outcome.verdict
-        if verdict is None or not (verdict.leases or outcome.limit_set.settled):
+        if verdict is None or not (verdict.leases or outcome.limit_set.after):
             await self.app(scope, receive,
                            AddingHeaders(send, outcome.headers) if outcome.headers else send)
             return
@@ -186,15 +190,25 @@ class RateLimitMiddleware:
     async def _holding(self, scope: Scope, receive: Receive, send: Send, outcome: Outcome,
                        verdict: Verdict) -> None:
         """Run the app while the request holds something (see ``Holding`` for when it is
-        closed), its leases renewed while it runs."""
+        closed), its leases renewed while it runs; a shaped request once its turn has
+        come (see ``Turns``)."""
         source, limit_set = outcome.source, outcome.limit_set
-        leases, tier = verdict.leases, limit_set.tier.name
+        leases, tier, headers = verdict.leases, limit_set.tier.name, outcome.headers
+        if limit_set.shaped:
+            turn = await self.turns.take(outcome, verdict, receive, send,
+                                         partial(self._refuse, scope, receive, send))
+            if turn is None:
+                return
+            receive, leases, headers = turn
+            if not (leases or limit_set.settled):
+                await self.app(scope, receive, AddingHeaders(send, headers) if headers else send)
+                return
         if leases:
             self.holds.take(leases, source, tier)
         head = scope["method"] == "HEAD"
-        sending = Holding(send, outcome.headers, self.holds, leases, source, tier, head
+        sending = Holding(send, headers, self.holds, leases, source, tier, head
                           ) if not limit_set.settled else SettlingHolding(
-            send, outcome.headers, self.holds, leases, source, tier, head, outcome.key,
+            send, headers, self.holds, leases, source, tier, head, outcome.key,
             verdict.at if verdict.at is not None else outcome.now, limit_set.settled,
             scope["state"])
         watch = DisconnectWatch(receive, sending.close_soon, self._watches)

@@ -116,6 +116,16 @@ class Refusals:
         return 429, b"application/json", body, [*headers, (b"retry-after", b"%d" % wait)]
 
     @staticmethod
+    def held_too_many(headers: list[Header], wait: int) -> Rendered:
+        """The 429 of a request whose turn is ``wait`` seconds ahead while its worker
+        already holds its most (``max_held_requests``); rendered with an ``on_denied``
+        hook too, which is given denials by limits only."""
+        body = json_body(error_body(
+            "rate_limited", f"Too many requests are waiting for their turn; retry after "
+            f"{wait} seconds.", retry_after_seconds=wait))
+        return 429, b"application/json", body, [*headers, (b"retry-after", b"%d" % wait)]
+
+    @staticmethod
     def unavailable(retry_after: int) -> Rendered:
         """The 503 while the storage cannot decide (``retry_after``: whole seconds)."""
         return (503, b"application/json", unavailable_body(retry_after),

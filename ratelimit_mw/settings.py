@@ -99,7 +99,8 @@ class CostConfig(_Strict):
 class LimitConfig(_Strict):
     """One limit: ``{rate = "10/minute", algorithm = "token_bucket", burst = 20}``, and
     how the response settles it: ``count = "failures"``, ``cost = {header = "..."}``,
-    ``estimate = 500``, ``unit = "tokens"``."""
+    ``estimate = 500``, ``unit = "tokens"``; a leaky bucket that holds requests for their
+    turn: ``max_delay = "5s"``."""
 
     rate: str
     algorithm: str = "sliding_window"
@@ -109,11 +110,12 @@ class LimitConfig(_Strict):
     cost: CostConfig | None = None
     estimate: StrictInt | None = None
     unit: str = "requests"
+    max_delay: str | StrictInt | float = 0.0
 
     def build(self) -> Limit:
         return Limit(self.rate, self.algorithm, burst=self.burst, name=self.name,
                      count=self.count, cost=None if self.cost is None else self.cost.build(),
-                     estimate=self.estimate, unit=self.unit)
+                     estimate=self.estimate, unit=self.unit, max_delay=self.max_delay)
 
 
 LimitsField = str | list[str | LimitConfig]
@@ -250,6 +252,9 @@ class RateLimitSettings(BaseSettings):
     websocket_messages: str = ""
     websocket_connection_messages: str = ""
     websocket_over_limit: Literal["close", "drop"] = "close"
+    max_held_requests: int = 1000
+    """Requests this worker holds at once for their turn (a leaky bucket with
+    ``max_delay``); one more that would wait is refused with 429 at once."""
     blocked_cache_size: int = 10_000
     concurrency_lease: float = 30.0
     quota_history: bool = False
@@ -277,7 +282,7 @@ class RateLimitSettings(BaseSettings):
     @field_validator("storage_timeout", "storage_connect_timeout", "startup_timeout",
                      "recovery_interval", "concurrency_lease", "max_pending_decisions",
                      "ipv6_prefix", "blocked_cache_size", "usage_retention_hours",
-                     "usage_retention_days", mode="before")
+                     "usage_retention_days", "max_held_requests", mode="before")
     @classmethod
     def _numbers(cls, value: Any, info: ValidationInfo) -> Any:
         # A TOML or JSON true is not 1: refused, not coerced.
@@ -302,6 +307,15 @@ class RateLimitSettings(BaseSettings):
     def _cache_size(cls, value: int) -> int:
         if value < 0:
             msg = f"blocked_cache_size must be 0 (off) or a positive number, got {value!r}"
+            raise ConfigError(msg)
+        return value
+
+    @field_validator("max_held_requests")
+    @classmethod
+    def _held(cls, value: int) -> int:
+        if value < 0:
+            msg = (f"max_held_requests must be 0 (hold none: refuse what would wait) or a "
+                   f"positive number, got {value!r}")
             raise ConfigError(msg)
         return value
 

@@ -12,10 +12,10 @@ from typing import Literal, NamedTuple, get_args
 
 from ..breaker import CircuitBreaker, CircuitState
 from ..errors import StorageError
-from ..storage.faults import failure_cause
 from ..events import DecisionEvent
+from ..storage.faults import failure_cause
 
-__all__ = ["ERROR_KINDS", "IDEMPOTENCY_EVENTS", "INSTRUMENTS", "STORAGE_BUCKETS",
+__all__ = ["ERROR_KINDS", "HOLD_BUCKETS", "IDEMPOTENCY_EVENTS", "INSTRUMENTS", "STORAGE_BUCKETS",
            "DecisionOutcome", "ErrorKind", "IdempotencyEvent", "Instrument", "Metrics",
            "error_kind", "outcome_of", "policy_of"]
 
@@ -31,6 +31,9 @@ UNMATCHED_ROUTE = "unmatched"
 STORAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 """Storage latency buckets, in seconds: a Redis round trip is well under a millisecond
 to a few."""
+
+HOLD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+"""Buckets of the time a request waits for its turn, in seconds (up to ``max_delay``)."""
 
 
 class Instrument(NamedTuple):
@@ -62,6 +65,14 @@ INSTRUMENTS: dict[str, Instrument] = {instrument.name: instrument for instrument
     Instrument("slot_release_failures", "counter", "Slots that could not be given back"),
     Instrument("settlement_failures", "counter",
                "Charges not settled after the response (their estimates stay charged)"),
+    Instrument("held_requests", "gauge", "Requests held for their turn now (leaky bucket)",
+               ("tier",)),
+    Instrument("hold_seconds", "histogram",
+               "How long admitted requests were held for their turn", ("tier",), unit="s",
+               buckets=HOLD_BUCKETS),
+    Instrument("holds_given_up", "counter",
+               "Requests that got no turn after all, by why: the worker held too many "
+               "(full), or the client left while held (left)", ("reason",)),
     Instrument("websocket_messages_refused", "counter",
                "Websocket messages over a limit, by the limit and what was done",
                ("limit", "action")),
@@ -147,6 +158,16 @@ class Metrics:
     def settlement_failed(self, count: int) -> None:
         """``count`` charges could not be settled after the response (the storage
         failed): their estimates stay charged."""
+
+    def held(self, tier: str, change: int) -> None:
+        """Requests of ``tier`` held for their turn changed by ``change``."""
+
+    def waited(self, tier: str, seconds: float) -> None:
+        """A request of ``tier`` was held ``seconds`` for its turn, then admitted."""
+
+    def hold_given_up(self, reason: str) -> None:
+        """A request that would have waited got no turn: ``full`` (the worker held its
+        most) or ``left`` (its client left while held)."""
 
     def websocket_message_refused(self, limit: str, action: str) -> None:
         """A websocket message was over its ``connection`` or ``caller`` limit, and the

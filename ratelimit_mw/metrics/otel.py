@@ -36,8 +36,9 @@ class OTelMetrics(Metrics):
 
     __slots__ = ("_circuit", "_circuit_refused", "_circuit_transitions", "_client_attempts",
                  "_client_give_ups", "_client_retries", "_client_sleep", "_decisions", "_denials",
-                 "_idempotency", "_in_place", "_settle_failures", "_slot_failures", "_slots",
-                 "_storage_errors", "_storage_seconds", "_ws_refused")
+                 "_held", "_hold_seconds", "_holds_given_up", "_idempotency", "_in_place",
+                 "_settle_failures", "_slot_failures", "_slots", "_storage_errors",
+                 "_storage_seconds", "_ws_refused")
 
     def __init__(self, meter_provider: Any = None, prefix: str = "ratelimit") -> None:
         meter = otel.get_meter("ratelimit_mw", meter_provider=meter_provider)
@@ -62,6 +63,9 @@ class OTelMetrics(Metrics):
         self._slot_failures = make("slot_release_failures")
         self._settle_failures = make("settlement_failures")
         self._ws_refused = make("websocket_messages_refused")
+        self._held = make("held_requests")
+        self._hold_seconds = make("hold_seconds")
+        self._holds_given_up = make("holds_given_up")
         self._circuit = make("circuit_state")
         self._circuit_transitions = make("circuit_transitions")
         self._circuit_refused = make("circuit_refused")
@@ -100,6 +104,15 @@ class OTelMetrics(Metrics):
 
     def websocket_message_refused(self, limit: str, action: str) -> None:
         self._ws_refused.add(1, {"limit": limit, "action": action})
+
+    def held(self, tier: str, change: int) -> None:
+        self._held.add(change, {"tier": tier})
+
+    def waited(self, tier: str, seconds: float) -> None:
+        self._hold_seconds.record(seconds, {"tier": tier})
+
+    def hold_given_up(self, reason: str) -> None:
+        self._holds_given_up.add(1, {"reason": reason})
 
     def circuit_state(self, breaker: str, old: CircuitState | None,
                       new: CircuitState) -> None:

@@ -59,7 +59,8 @@ class PrometheusMetrics(Metrics):
 
     __slots__ = ("_children", "_circuit", "_circuit_refused", "_circuit_transitions",
                  "_client_attempts", "_client_give_ups", "_client_retries", "_client_sleep",
-                 "_decisions", "_denials", "_idempotency", "_in_place", "_settle_failures",
+                 "_decisions", "_denials", "_held", "_hold_seconds", "_holds_given_up",
+                 "_idempotency", "_in_place", "_settle_failures",
                  "_slot_failures", "_slots", "_storage_errors", "_storage_seconds", "_ws_refused",
                  "registry")
 
@@ -103,6 +104,9 @@ class PrometheusMetrics(Metrics):
         self._slot_failures = make("slot_release_failures")
         self._settle_failures = make("settlement_failures")
         self._ws_refused = make("websocket_messages_refused")
+        self._held = make("held_requests")
+        self._hold_seconds = make("hold_seconds")
+        self._holds_given_up = make("holds_given_up")
         self._circuit = make("circuit_state")
         self._circuit_transitions = make("circuit_transitions")
         self._circuit_refused = make("circuit_refused")
@@ -166,6 +170,15 @@ class PrometheusMetrics(Metrics):
 
     def websocket_message_refused(self, limit: str, action: str) -> None:
         self._child(self._ws_refused, limit, action).inc()
+
+    def held(self, tier: str, change: int) -> None:
+        self._child(self._held, tier).inc(change)
+
+    def waited(self, tier: str, seconds: float) -> None:
+        self._child(self._hold_seconds, tier).observe(seconds)
+
+    def hold_given_up(self, reason: str) -> None:
+        self._child(self._holds_given_up, reason).inc()
 
     def circuit_state(self, breaker: str, old: CircuitState | None,
                       new: CircuitState) -> None:

@@ -37,7 +37,15 @@ from .scripts import decide_script_source, lua_source, settle_script_source
 from .settlements import by_identity, settle_adjustments, settle_call
 from .usage_reads import read_usage
 from .warmup import WARM_CONNECTIONS, pack_command, probe_commands, warm_client, warm_cluster
-from .wire import PackedHits, pack_hits, pack_release, pack_script_load, slots_taken
+from .wire import (
+    PackedHits,
+    algorithm_arg,
+    pack_hits,
+    pack_release,
+    pack_script_load,
+    slots_taken,
+    spends_arg,
+)
 
 __all__ = ["RedisStorage", "decide_script_source"]
 
@@ -166,13 +174,14 @@ class RedisStorage(Storage):
                 packed = self._packed(hits, bool(usage))
                 slots = packed.slots
                 lease_id = new_lease_id() if slots else ""
-                command = packed.command(self._packed_tag(key), clock.encode(), lease_id.encode(),
-                                         self._usage_arg(usage) if usage else b"")
+                command = packed.command(
+                    self._packed_tag(key), clock.encode(), lease_id.encode(),
+                    self._usage_arg(usage) + packed.spends if usage else b"")
                 reply = await self._queue(DECIDE, command, wait,
                                           (key, slots, lease_id) if slots else None)
             else:
                 tag = identity_tag(self.prefix, key)
-                spec = self._usage_arg(usage).decode() if usage else ""
+                spec = self._usage_arg(usage).decode() + spends_arg(hits) if usage else ""
                 slots = slots_taken(hits)
                 lease_id = new_lease_id() if slots else ""
                 keys = [redis_key(self.prefix, key, hit.scope, hit.limit.uid) for hit in hits]
@@ -181,8 +190,8 @@ class RedisStorage(Storage):
                 args: list[str | int] = [clock, lease_id, spec]
                 for hit in hits:
                     limit = hit.limit
-                    args += (limit.algorithm, limit.amount, limit.period_us, limit.capacity,
-                             hit.cost)
+                    args += (algorithm_arg(limit), limit.amount, limit.period_us,
+                             limit.capacity, hit.cost)
                 reply = await answer_within(self._script(keys=keys, args=args), wait)
         except REDIS_FAILURES as exc:
             if isinstance(exc, CONNECTION_LOST):
@@ -379,9 +388,10 @@ class RedisStorage(Storage):
 
     async def usage(
         self, key: str, granularity: Granularity, start: float, end: float,
+        unit: str = "requests",
     ) -> list[tuple[int, int]]:
         return await read_usage(self._client, self.prefix, self.retention, self._clock,
-                                self._bound(None), key, granularity, start, end)
+                                self._bound(None), key, granularity, start, end, unit)
 
     async def reset(self, key: str) -> None:
         pattern = glob_escape(identity_tag(self.prefix, key)) + "*"

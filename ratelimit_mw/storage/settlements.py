@@ -29,14 +29,22 @@ def by_identity(adjustments: Sequence[Adjustment]) -> list[list[Adjustment]]:
 def settle_call(prefix: str, clock: str,
                 group: Sequence[Adjustment]) -> tuple[list[str], list[str]]:
     """The keys and arguments of settle.lua for one identity's ``group``: the clock,
-    then per adjustment its limit, delta and decision time (microseconds)."""
+    then per adjustment its limit, delta, decision time (microseconds) and the unit
+    whose usage history it moves (each request's unit once: a tier's tokens per
+    minute and per day are one spending)."""
     keys = []
     args = [clock]
+    counted: set[tuple[str, float]] = set()
     for key, hit, delta, at in group:
         limit = hit.limit
+        unit = limit.unit
+        if unit == "requests" or (unit, at) in counted:
+            unit = ""
+        else:
+            counted.add((unit, at))
         keys.append(redis_key(prefix, key, hit.scope, limit.uid))
         args += (limit.algorithm, str(limit.amount), str(limit.period_us),
-                 str(limit.capacity), str(delta), str(round(at * 1_000_000)))
+                 str(limit.capacity), str(delta), str(round(at * 1_000_000)), unit)
     return keys, args
 
 

@@ -321,3 +321,34 @@ async def test_memory_and_redis_agree_on_settlements(
     finally:
         await redis_storage.close()
     assert settled > 100
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_memory_and_redis_agree_on_shaped_turns(
+    redis_url: str, redis_prefix: str, seed: int,
+) -> None:
+    """Leaky buckets that hold requests for their turn (``max_delay``), alone and beside
+    other limits: the same admissions, waits and refusals on both storages."""
+    rng = random.Random(f"shaped-{seed}")
+    clock = FakeClock(1_700_000_000 + rng.random() * 1000)
+    memory = MemoryStorage(clock=clock)
+    redis_storage = on_clock(RedisStorage.from_url(redis_url, prefix=redis_prefix), clock)
+    shaped = [Limit(f"{rng.randint(1, 8)}/{rng.choice([1, 2, 7, 60])} seconds", "gcra",
+                    max_delay=rng.choice([0.5, 2, 5, 30])) for _ in range(3)]
+    limits = [*shaped, *_limits("fixed_window", rng), *_limits("token_bucket", rng)]
+    waited = 0
+    try:
+        for step in range(800):
+            clock.advance(rng.choice([0, 1e-6, rng.random() * 0.3, rng.random() * 2,
+                                      rng.random() * 10]))
+            key = rng.choice(["a", "b"])
+            chosen = [rng.choice(shaped), *rng.sample(limits, rng.randint(0, 2))]
+            hits = [Hit(limit, rng.choice([0, 1, 1, 1, 2])) for limit in chosen]
+            verdict = await memory.decide(key, hits)
+            expected = _summary(verdict)
+            got = _summary(await redis_storage.decide(key, hits))
+            assert got == expected, f"step {step} at {clock.now!r}: {hits}"
+            waited += verdict.allowed and any(d.retry_after > 0 for d in verdict.decisions)
+    finally:
+        await redis_storage.close()
+    assert waited > 50

@@ -15,8 +15,11 @@ local function gcra_ticks(amount, period, capacity)
   return per_us, -idiv(-(period * per_us), amount)
 end
 
-ALGORITHMS.gcra = function(key, now, amount, period, capacity, cost)
-  local per_us, interval = gcra_ticks(amount, period, capacity)
+-- With delay (microseconds: a shaped limit's longest wait), a request that fits within
+-- it is admitted with its turn that far ahead, its retry saying how long it waits.
+ALGORITHMS.gcra = function(key, now, amount, period, capacity, cost, delay)
+  local per_us, interval = gcra_ticks(amount, period, capacity + (
+    delay > 0 and -idiv(-(delay * amount), period) or 0))
   local tau = interval * capacity
   local ahead = 0
   local stored = redis.call("GET", key)
@@ -37,13 +40,19 @@ ALGORITHMS.gcra = function(key, now, amount, period, capacity, cost)
   end
   local new_ahead = ahead + cost * interval
   local late = new_ahead - tau
+  local wait = 0
   if late > 0 then
-    return false, remaining, reset, -idiv(-late, per_us)
+    wait = -idiv(-late, per_us)
+    if wait > delay then
+      return false, remaining, reset, wait - delay
+    end
   end
   if cost == 0 then
     return true, remaining, reset, 0
   end
-  return true, idiv(-late, interval), -idiv(-new_ahead, per_us), 0, function(ttl_ms)
+  local left = 0
+  if late <= 0 then left = idiv(-late, interval) end
+  return true, left, -idiv(-new_ahead, per_us), wait, function(ttl_ms)
     redis.call("SET", key, fmt(now + idiv(new_ahead, per_us)) .. "." .. fmt(imod(new_ahead, per_us)),
       "PX", ttl_ms)
   end
