@@ -1,34 +1,36 @@
 """Chaos soak: mixed traffic through 4 workers of the example app while Redis misbehaves.
 
-A redis-server of the run's own serves the example app (``closed`` failure mode) under
-uvicorn with ``--workers 4``; the soak's load (``soak.py``'s mixed traffic from
-several API keys) runs the whole time while, on a schedule, Redis is killed and
-restarted, frozen (SIGSTOP) past the storage's grace period and resumed, and slowed
-(``DEBUG SLEEP``). Afterwards it checks, and prints:
+A Redis deployment of the run's own (``--deployment``: ``single``, ``cluster`` or
+``sentinel``, see ``chaos_deployments.py``) serves the example app (``closed`` failure
+mode) under uvicorn with ``--workers 4``; the soak's load (``soak.py``'s mixed traffic
+from several API keys) runs the whole time while, on a schedule, the deployment's
+faults come in turn: on one Redis, killed and restarted, frozen (SIGSTOP) past the
+storage's grace period, slowed (``DEBUG SLEEP``), and through a proxy 500 ms of
+latency, a held link and a reset mid-reply; on Cluster and Sentinel, failovers asked
+for and primaries killed. Afterwards it checks, and prints:
 
 - no 5xx but the 503s ``closed`` mode promises while Redis is down (no 500, no
   failed request);
 - every concurrency slot back: ``in_flight`` 0 on the quota endpoint for every key;
 - per key, admitted requests within the limits over the whole run: a token bucket's
-  burst plus its rate times the run, one burst more per restart (Redis keeps nothing
-  on disk here, so a restart forgets the counters);
+  burst plus its rate times the run, one burst more per fault that may forget (Redis
+  keeps nothing on disk here, so a restart forgets the counters; a promoted replica
+  may lack the last writes);
 - server RSS and the run's Redis key count flat from the first quiet interval to the
   last.
 
-    python benchmarks/chaos.py [--minutes 3] [--every 20] [--concurrency 16]
+    python benchmarks/chaos.py [--deployment single] [--minutes 3] [--every 20]
+        [--concurrency 16] [--faults kill,hold]
 
 It exits 1 when anything was lost. ``tests/reliability/test_chaos.py`` runs a short
-version (about a minute, each fault once).
+version of each deployment.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import math
-import os
-import signal
 import sys
 import time
 import uuid
@@ -36,11 +38,11 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
-import redis as sync_redis
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.chaos_deployments import DEPLOYMENTS, Deployment, deployed  # noqa: E402
 from benchmarks.soak import (  # noqa: E402
     EXAMPLE_APP,
     TRAFFIC,
@@ -49,7 +51,7 @@ from benchmarks.soak import (  # noqa: E402
     _rss_mb,
     _server,
 )
-from tests.redis_servers import RedisProcess, own_redis  # noqa: E402
+from tests.redis_servers import RedisProcess  # noqa: E402
 from tests.reliability.servers import RawHTTP, Reply  # noqa: E402
 
 # (rate per second, burst) of each demo key's token bucket, from example_app/tiers.toml.
@@ -57,34 +59,30 @@ BUCKETS = {"demo-free": (10 / 60, 20), "demo-starter": (100 / 60, 200),
            "demo-pro": (1000 / 60, 2000)}
 
 
-def _fault(redis: RedisProcess, kind: str, seconds: float) -> None:
-    """One fault of ``kind`` lasting about ``seconds``: kill, freeze or slow."""
-    if kind == "kill":
-        redis.kill()
-        time.sleep(seconds)
-        redis.start()
-    elif kind == "freeze":
-        pid = int(redis.info("server")["process_id"])
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            time.sleep(seconds)
-        finally:
-            os.kill(pid, signal.SIGCONT)
-    else:
-        with contextlib.suppress(sync_redis.RedisError):
-            redis.client(socket_timeout=seconds + 5).execute_command("DEBUG", "SLEEP", seconds)
-
-
-def _schedule(duration: float, every: float) -> list[tuple[float, str, float]]:
+def _schedule(duration: float, every: float, faults: list[tuple[str, float]],
+              warmup: float, cooldown: float) -> list[tuple[float, str, float]]:
     """(start, kind, seconds) of each fault: one every ``every`` seconds, in turn, none in
-    the first 20 s nor the last 25 s (quiet: RSS and keys are compared there)."""
-    kinds = [("kill", 2.0), ("freeze", 3.0), ("slow", 0.5)]
-    at, faults = 20.0, []
-    while at + 25 < duration:
-        kind, seconds = kinds[len(faults) % len(kinds)]
-        faults.append((at, kind, seconds))
+    the first ``warmup`` s nor the last ``cooldown`` s (quiet: RSS and keys are
+    compared there)."""
+    at, schedule = warmup, []
+    while at + cooldown < duration:
+        kind, seconds = faults[len(schedule) % len(faults)]
+        schedule.append((at, kind, seconds))
         at += every
-    return faults
+    return schedule
+
+
+def _state(primaries: list[RedisProcess], prefix: str) -> tuple[float, int]:
+    """Redis used_memory (MB) and the run's key count, summed over the primaries."""
+    used, keys = 0.0, 0
+    for node in primaries:
+        client = node.client(socket_timeout=10)
+        try:
+            memory, count, _ = _redis_state(client, prefix)
+        finally:
+            client.close()
+        used, keys = used + memory, keys + count
+    return used, keys
 
 
 def _in_flight(url: str, keys: list[str]) -> dict[str, int]:
@@ -101,12 +99,11 @@ async def chaos(args: argparse.Namespace) -> int:
     traffic = TRAFFIC[EXAMPLE_APP]
     prefix = f"chaos:{uuid.uuid4().hex[:8]}:"
     duration = args.minutes * 60
-    with own_redis() as redis:
-        url_redis = f"redis://127.0.0.1:{redis.port}/0"
-        env = {"RATELIMIT_STORAGE_URL": url_redis, "RATELIMIT_STORAGE_PREFIX": prefix,
+    with deployed(args.deployment) as deployment:
+        faults = _faults(deployment, args.faults)
+        env = {"RATELIMIT_STORAGE_URL": deployment.url, "RATELIMIT_STORAGE_PREFIX": prefix,
                "RATELIMIT_FAILURE_MODE": "closed", "RATELIMIT_TRUSTED_PROXIES": "127.0.0.1"}
-        client = sync_redis.Redis(port=redis.port, socket_timeout=10)
-        print(f"chaos: {EXAMPLE_APP}, 4 workers, Redis on port {redis.port}, "
+        print(f"chaos: {EXAMPLE_APP}, 4 workers, {args.deployment} Redis, "
               f"{args.minutes:g} min, {args.concurrency} connections", flush=True)
         with _server(EXAMPLE_APP, env, 4) as (url, pid):
             replies: list[tuple[str, str, Reply]] = []  # (API key, path, reply)
@@ -124,20 +121,22 @@ async def chaos(args: argparse.Namespace) -> int:
 
             load = RawHTTP(url, connections=args.concurrency, timeout=30)
             runner = asyncio.create_task(load.run(requests(), record, pause=args.pause))
-            await asyncio.sleep(15)
-            first = (_rss_mb(pid), *await asyncio.to_thread(_redis_state, client, prefix))
-            restarts = 0
-            for at, kind, seconds in _schedule(duration, args.every):
+            await asyncio.sleep(min(15.0, args.warmup * 0.75))
+            first = (_rss_mb(pid), *await asyncio.to_thread(
+                _state, deployment.primaries(), prefix))
+            forgotten = 0
+            for at, kind, seconds in _schedule(duration, args.every, faults, args.warmup,
+                                               args.cooldown):
                 await asyncio.sleep(max(0.0, start + at - time.monotonic()))
                 print(f"[{time.monotonic() - start:6.1f} s] {kind} Redis for {seconds:g} s",
                       flush=True)
-                await asyncio.to_thread(_fault, redis, kind, seconds)
-                restarts += kind == "kill"
-            last = (_rss_mb(pid), *await asyncio.to_thread(_redis_state, client, prefix))
+                await asyncio.to_thread(deployment.fault, kind, seconds)
+                forgotten += kind in deployment.forgetting
+            last = (_rss_mb(pid), *await asyncio.to_thread(
+                _state, deployment.primaries(), prefix))
             await runner
             await asyncio.sleep(2)  # the last responses' slots go back
             in_flight = await asyncio.to_thread(_in_flight, url, list(BUCKETS))
-        client.close()
     elapsed = time.monotonic() - start
     statuses = Counter(reply.status for _, _, reply in replies)
     # The quota endpoint is exempt from the limits: only the limited paths count.
@@ -151,8 +150,8 @@ async def chaos(args: argparse.Namespace) -> int:
     print(f"in-flight after the run, per key: {in_flight}")
     over = []
     for key, (rate, burst) in BUCKETS.items():
-        bound = (1 + restarts) * burst + math.ceil(rate * elapsed)
-        print(f"admitted {key}: {admitted[key]} (bound {bound}: {1 + restarts} bursts of "
+        bound = (1 + forgotten) * burst + math.ceil(rate * elapsed)
+        print(f"admitted {key}: {admitted[key]} (bound {bound}: {1 + forgotten} bursts of "
               f"{burst} + {rate:.3g}/s over the run)")
         if admitted[key] > bound:
             over.append(key)
@@ -164,8 +163,29 @@ async def chaos(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _faults(deployment: Deployment, named: str) -> list[tuple[str, float]]:
+    """The deployment's faults, or those of them ``named`` (comma-separated)."""
+    if not named:
+        return list(deployment.faults)
+    known = dict(deployment.faults)
+    wanted = [name.strip() for name in named.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in known]
+    if unknown:
+        msg = (f"--faults {named!r}: {', '.join(unknown)} not among this deployment's "
+               f"faults ({', '.join(known)})")
+        raise SystemExit(msg)
+    return [(name, known[name]) for name in wanted]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--deployment", choices=DEPLOYMENTS, default="single")
+    parser.add_argument("--faults", default="",
+                        help="the faults to make, in turn (default: all the deployment's)")
+    parser.add_argument("--warmup", type=float, default=20.0,
+                        help="seconds of load before the first fault")
+    parser.add_argument("--cooldown", type=float, default=25.0,
+                        help="seconds of load after the last fault")
     parser.add_argument("--minutes", type=float, default=3.0)
     parser.add_argument("--every", type=float, default=20.0,
                         help="seconds between two faults")
