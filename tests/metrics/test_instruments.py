@@ -7,11 +7,14 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from redis import exceptions as redis_errors
 
 from ratelimit_mw import Limit, MemoryStorage, Tier
-from ratelimit_mw.metrics import INSTRUMENTS, OTelMetrics, PrometheusMetrics
+from ratelimit_mw.errors import StorageError
+from ratelimit_mw.metrics import INSTRUMENTS, OTelMetrics, PrometheusMetrics, error_kind
 
 from .conftest import app_with, client_for, value
 
@@ -67,8 +70,10 @@ class NoPrometheus(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, NoPrometheus())
+import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from redis import exceptions as redis_errors
 from ratelimit_mw.metrics import OTelMetrics
 
 reader = InMemoryMetricReader()
@@ -118,3 +123,30 @@ async def test_decisions_made_without_awaiting_are_counted_untimed() -> None:
                for m in s.metrics if m.name == "ratelimit_storage_calls_in_place"
                for point in m.data.data_points]
     assert counted == [3]
+
+
+def _raised_from(cause: BaseException) -> StorageError:
+    """A storage's error raised from ``cause``, as RedisStorage raises them."""
+    try:
+        try:
+            raise cause
+        except BaseException as exc:
+            raise StorageError(f"redis could not decide: {exc}") from exc
+    except StorageError as error:
+        return error
+
+
+@pytest.mark.parametrize(("cause", "kind"), [
+    (TimeoutError("redis did not answer within the timeout"), "timeout"),
+    (redis_errors.TimeoutError("Timeout reading from 10.0.0.5:6379"), "timeout"),
+    (redis_errors.ResponseError(
+        "OOM command not allowed when used memory > 'maxmemory'. script: abc"), "oom"),
+    (redis_errors.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."),
+     "oom"),
+    (redis_errors.ConnectionError("Connection refused"), "storage"),
+])
+def test_a_storage_error_is_counted_by_its_cause(cause: BaseException, kind: str) -> None:
+    """The kind of a failed call follows the cause its StorageError was raised from: a
+    Redis timeout is a ``timeout``, a full Redis ``oom``, not both ``storage``."""
+    assert error_kind(_raised_from(cause)) == kind
+    assert error_kind(ValueError("a bug")) == "other"
