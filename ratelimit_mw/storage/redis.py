@@ -33,7 +33,7 @@ from .pipe import Pipeline
 from .pool import answer_within
 from .renewals import renew_leases
 from .scripts import decide_script_source, lua_source, settle_script_source
-from .settlements import by_identity, settle_adjustments, settle_call
+from .settlements import settle_adjustments, settle_call, settlement_groups
 from .usage_reads import read_usage
 from .warmup import WARM_CONNECTIONS, pack_command, probe_commands, warm_client, warm_cluster
 from .wire import (
@@ -378,7 +378,7 @@ class RedisStorage(Storage):
         sha = self._settle_script.sha.encode()
         clock = self._clock_arg()
         done = []
-        for group in by_identity(adjustments):
+        for group in settlement_groups(adjustments):
             keys, args = settle_call(self.prefix, clock, group)
             command = pack_command(b"EVALSHA", sha, b"%d" % len(keys),
                                    *map(self._encode, keys), *map(str.encode, args))
