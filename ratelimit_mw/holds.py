@@ -305,6 +305,9 @@ class SettlingHolding(Holding):
     def _started(self, message: Message) -> Message:
         """Note the status and the costs the headers say; drop the headers to hide."""
         self.status = int(message.get("status", 500))
+        if not any(hit.limit.settlement is not None and hit.limit.settlement.reads_headers
+                   for hit in self.settled):
+            return message  # a count, a fixed cost or the state: no header to read
         raw = message.get("headers") or ()
         headers = {name.decode("latin-1").lower(): value.decode("latin-1")
                    for name, value in raw}
