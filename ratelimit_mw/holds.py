@@ -8,7 +8,7 @@ leases while it runs, and closes them when it ends: just before the last body ch
 goes out (``Holding``, the request's ``send``), or when the app call ends otherwise (a
 client disconnect stops the response, the app raises). Closing never raises: a lease
 not given back ends by itself, a settlement not made leaves the estimate charged.
-Shaped requests' turns are a kind of hold to come (docs/internals.md, "Holds").
+A shaped request is held for its turn before any of this (``shaping.Turns``).
 """
 
 from __future__ import annotations
