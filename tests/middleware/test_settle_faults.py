@@ -101,4 +101,5 @@ async def test_a_settlement_lost_to_an_outage_is_counted_and_logged(
                 break
             await asyncio.sleep(0.02)
     assert metrics.registry.get_sample_value("ratelimit_settlement_failures_total") == 1
-    assert any("couldn't settle 1 charge(s)" in r.getMessage() for r in caplog.records)
+    assert any("settlement failed: event=settlement_failed" in r.getMessage()
+               for r in caplog.records)  # the first of the outage (outages.OutageLog)
