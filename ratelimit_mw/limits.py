@@ -31,7 +31,7 @@ from .rates import MAX_AMOUNT, MAX_PERIOD, Rate, parse_rate, split_rates
 
 __all__ = [
     "ALGORITHM_NAMES", "AlgorithmName", "Hit", "Limit", "LimitKey", "MergedHits", "as_limits",
-    "decide", "merge_hits", "run", "settle",
+    "decide", "merge_hits", "run", "settle", "spends",
 ]
 
 ALGORITHM_NAMES = RATE_ALGORITHMS
@@ -328,6 +328,18 @@ class MergedHits(tuple[Hit, ...]):
     """
 
     __slots__ = ()
+
+
+def spends(hits: Sequence[Hit]) -> list[tuple[str, int]]:
+    """What a request's ``hits`` spend of units other than requests (tokens): each unit
+    once, at its first hit's cost (a tier's tokens per minute and per day are one
+    spending)."""
+    spent: list[tuple[str, int]] = []
+    for hit in hits:
+        unit = hit.limit.unit
+        if unit != "requests" and hit.cost and all(unit != seen for seen, _ in spent):
+            spent.append((unit, hit.cost))
+    return spent
 
 
 def merge_hits(hits: Sequence[Hit]) -> Sequence[Hit]:

@@ -31,11 +31,16 @@ How the numbers are computed (all for the caller's key, on the middleware's stor
   yet refilled. ``null`` when the tier has no per-minute limit.
 - ``requests_this_month`` (only when the tier has a monthly limit, e.g.
   ``Limit.monthly``): what that limit counts (exact for a calendar month).
+- A limit of another unit (``unit="tokens"``) is reported under its unit:
+  ``tokens_per_minute`` in ``limits``, ``tokens_this_minute`` in ``usage`` (what it
+  counts now, settled charges included, by the same peek).
 - ``period`` is the current UTC calendar month and ``resets_at`` the start of the
   next one (when monthly quotas reset).
 
 ``GET /api/v1/account/quota/history?granularity=hour|day&from=…&to=…``: admitted
-requests (in units) per UTC hour or day bucket; ``from``/``to`` are ISO dates (``2024-01-31``,
+requests (in units) per UTC hour or day bucket, and where the tier limits other units
+(tokens), what they spent of each (``"tokens"`` per bucket, ``"total_tokens"``),
+settled charges included; ``from``/``to`` are ISO dates (``2024-01-31``,
 a date-only ``to`` meaning the end of that day), ISO date-times or epoch seconds.
 Default range: the last 24 hours (hour) or 30 days (day). Buckets older than the
 retention (``usage_retention_hours``/``_days``) are not reported.
@@ -49,6 +54,7 @@ from __future__ import annotations
 import logging
 import math
 from datetime import UTC, date, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from starlette.requests import Request
@@ -173,11 +179,14 @@ class _QuotaEndpoints:
         if caller is None:
             return self._unauthorized()
         limit_set = limiter.limit_set_for(caller.tier, caller.key)
+        # The tier's limits of other units (tokens) are charged only where a route
+        # spends them, so a route-less set leaves them out: read them too.
+        hits = (*limit_set.hits, *(hit for hit in limit_set.tier.hits
+                                   if hit.limit.unit != "requests"))
         now = limiter.clock()
         storage = limiter.storage
         try:
-            peek = await limiter.read(lambda: storage.peek(caller.key, limit_set.hits)
-                               ) if limit_set.hits else None
+            peek = await limiter.read(lambda: storage.peek(caller.key, hits)) if hits else None
             today: int | None = None
             if limiter.settings.quota_history:
                 # Days around ours: the storage stops at its own today (Redis's clock),
@@ -197,11 +206,15 @@ class _QuotaEndpoints:
             if not decision.scope and (decision.scope, decision.limit) not in limit_set.shadow:
                 report.add(decision)
         usage: dict[str, int | None] = {
-            "requests_today": today if today is not None else report.counted.get("day"),
-            "requests_this_minute": report.counted.get("minute"),
+            "requests_today": (today if today is not None
+                               else report.counted.get(("requests", "day"))),
+            "requests_this_minute": report.counted.get(("requests", "minute")),
         }
-        if "month" in report.counted:
-            usage["requests_this_month"] = report.counted["month"]
+        for (unit, period), used in report.counted.items():
+            if unit != "requests":
+                usage[f"{unit}_this_{period}"] = used
+        if ("requests", "month") in report.counted:
+            usage["requests_this_month"] = report.counted["requests", "month"]
         body: dict[str, Any] = {
             "plan": caller.tier.name,
             "period": label,
@@ -237,19 +250,32 @@ class _QuotaEndpoints:
         if start > end:
             return error_response(400, "bad_request", "'from' must not be after 'to'")
         grain: Granularity = "hour" if granularity == "hour" else "day"
+        storage = limiter.storage
+        # Beside requests, each other unit the caller's tier limits (tokens): its own series.
+        tier = limiter.limit_set_for(caller.tier, caller.key).tier
+        units = list(dict.fromkeys(hit.limit.unit for hit in tier.hits
+                                   if hit.limit.unit != "requests"))
         try:
-            buckets = await limiter.read(lambda: limiter.storage.usage(
-                caller.key, grain, start, end))
+            buckets = await limiter.read(lambda: storage.usage(caller.key, grain, start, end))
+            spent = [await limiter.read(partial(storage.usage, caller.key, grain, start, end,
+                                                unit)) for unit in units]
         except (StorageError, TimeoutError) as exc:
             return _unavailable("The history", limiter, exc)
-        return JSONResponse({
+        rows: list[dict[str, Any]] = [{"start": iso_utc(epoch), "requests": count}
+                                      for epoch, count in buckets]
+        body: dict[str, Any] = {
             "plan": caller.tier.name,
             "granularity": granularity,
             "from": iso_utc(start),
             "to": iso_utc(end),
-            "buckets": [{"start": iso_utc(epoch), "requests": count} for epoch, count in buckets],
+            "buckets": rows,
             "total": sum(count for _, count in buckets),
-        }, headers={"Cache-Control": "no-store"})
+        }
+        for unit, series in zip(units, spent, strict=True):
+            for row, (_, count) in zip(rows, series, strict=False):
+                row[unit] = count
+            body[f"total_{unit}"] = sum(count for _, count in series)
+        return JSONResponse(body, headers={"Cache-Control": "no-store"})
 
 
 class _Report:
@@ -260,7 +286,7 @@ class _Report:
     def __init__(self) -> None:
         self.limits: dict[str, int] = {}
         self.burst: dict[str, int] = {}
-        self.counted: dict[str, int] = {}
+        self.counted: dict[tuple[str, str], int] = {}  # (unit, period) -> used
         self.concurrency: dict[str, int] | None = None
 
     def add(self, decision: Decision) -> None:
@@ -269,11 +295,11 @@ class _Report:
         if limit.is_concurrency:
             self.concurrency = {"limit": limit.capacity, "in_flight": used}
             return
-        unit = _unit(limit.period)
-        name = f"requests_per_{unit}"
+        period = _unit(limit.period)
+        name = f"{limit.unit}_per_{period}"
         if name not in self.limits or limit.amount < self.limits[name]:
             self.limits[name] = limit.amount
-            self.counted[unit] = used
+            self.counted[limit.unit, period] = used
             if limit.burst is not None:
                 self.burst[name] = limit.burst
 

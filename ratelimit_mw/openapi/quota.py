@@ -29,9 +29,10 @@ QUOTA_SCHEMA: JSON = {
                    "description": "The current UTC calendar month, e.g. `2024-01`."},
         "limits": {
             "type": "object",
-            "description": "One `requests_per_<period>` entry per rate limit of the tier "
-                           "(its sustained amount).",
-            "propertyNames": {"pattern": "^requests_per_"},
+            "description": "One `<unit>_per_<period>` entry per rate limit of the tier "
+                           "(its sustained amount): `requests_per_minute`, and for a limit "
+                           "of another unit, e.g. `tokens_per_minute`.",
+            "propertyNames": {"pattern": "^[a-z0-9_-]+_per_"},
             "additionalProperties": _COUNT,
         },
         "usage": {
@@ -47,6 +48,9 @@ QUOTA_SCHEMA: JSON = {
                 "requests_this_month": {**_COUNT, "description": "What the monthly limit "
                                         "counts (only with one)."},
             },
+            "additionalProperties": {
+                **_COUNT, "description": "`<unit>_this_<period>`: what a limit of another "
+                "unit counts now, settled charges included (e.g. `tokens_this_minute`)."},
         },
         "resets_at": {**_MOMENT, "description": "The start of the next UTC month."},
         "burst": {"type": "object", "propertyNames": {"pattern": "^requests_per_"},
@@ -61,7 +65,9 @@ QUOTA_SCHEMA: JSON = {
 
 HISTORY_SCHEMA: JSON = {
     "type": "object",
-    "description": "Admitted requests (in units) per UTC hour or day.",
+    "description": "Admitted requests (in units) per UTC hour or day; where the tier "
+                   "limits another unit, what was spent of it (`tokens` per bucket, "
+                   "`total_tokens`), settled charges included.",
     "required": ["plan", "granularity", "from", "to", "buckets", "total"],
     "properties": {
         "plan": {"type": "string", "description": "The caller's tier."},
@@ -70,9 +76,11 @@ HISTORY_SCHEMA: JSON = {
         "to": _MOMENT,
         "buckets": {"type": "array", "items": {
             "type": "object", "required": ["start", "requests"],
-            "properties": {"start": _MOMENT, "requests": _COUNT}}},
+            "properties": {"start": _MOMENT, "requests": _COUNT},
+            "additionalProperties": _COUNT}},
         "total": _COUNT,
     },
+    "additionalProperties": _COUNT,
 }
 
 # A moment as the history endpoint reads it, written so that whatever matches is taken:

@@ -163,9 +163,12 @@ class Storage(ABC):
     @abstractmethod
     async def usage(
         self, key: str, granularity: Granularity, start: float, end: float,
+        unit: str = "requests",
     ) -> list[tuple[int, int]]:
         """Admitted requests per hour or day bucket: ``(bucket start, count)`` pairs, in
-        epoch seconds, for the buckets overlapping ``[start, end]`` that are retained."""
+        epoch seconds, for the buckets overlapping ``[start, end]`` that are retained.
+        With ``unit`` (``"tokens"``): what the admitted requests spent of it, settled
+        charges included."""
 
     @abstractmethod
     async def reset(self, key: str) -> None:

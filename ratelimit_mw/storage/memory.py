@@ -13,7 +13,7 @@ from mypy_extensions import mypyc_attr
 from ..algorithms.concurrency import renewed, with_lease, without_lease
 from ..decision import Adjustment, Hold, Lease, Verdict, decision_from
 from ..errors import ConfigError
-from ..limits import Hit, merge_hits, run, settle
+from ..limits import Hit, merge_hits, run, settle, spends
 from ..rates import MAX_AMOUNT
 from .base import (
     BUCKET_SECONDS,
@@ -46,6 +46,10 @@ A million identities then add no objects to a full collection, only the one dict
 holds them, which ``gc.freeze()`` after start-up takes out of the collector's view too
 (see docs/deployment.md)."""
 _FIRST_CELL = 3
+
+Buckets = dict[int | str, int]
+"""An identity's usage per hour or per day: requests under the bucket's number, other
+units (tokens) under ``unit:number``; ints and strings only, untracked by the collector."""
 
 
 def _never(holds: Sequence[Hold], error: BaseException) -> None:
@@ -186,7 +190,7 @@ class MemoryStorage(Storage):
                     cells = list(kept)
                 if usage:
                     cells[1], cells[2], kept_until = self._history(
-                        cells[1], cells[2], now, usage)
+                        cells[1], cells[2], now, usage, hits)
                     if kept_until > expires:
                         expires = kept_until
                 cells[0] = expires
@@ -219,7 +223,7 @@ class MemoryStorage(Storage):
                 kept = _with_cell(kept, i, slot, state, now + reset)
                 if lease is not None:
                     leases = (lease,)
-            self._store(key, entry, kept, usage, now)
+            self._store(key, entry, kept, usage, now, (hit,))
         return _new(Verdict, (allowed, (decision_from(hit, allowed, remaining, reset, retry),),
                               leases, now / 1_000_000))
 
@@ -235,9 +239,14 @@ class MemoryStorage(Storage):
         """See ``Storage.settle``: each counter moved at once, in this process."""
         now = self._now()
         keys = self._keys
+        counted: set[tuple[str, str, float]] = set()  # a request's unit, once in its history
         for key, hit, delta, at in adjustments:
             entry = keys.get(key)
             kept = entry if entry is not None else _EMPTY
+            unit = hit.limit.unit
+            if unit != "requests" and entry is not None and (key, unit, at) not in counted:
+                counted.add((key, unit, at))
+                self._settle_history(entry, unit, round(at * 1_000_000), delta)
             i = _find(kept, hit.slot)
             state = kept[i + 1] if i >= 0 and kept[i + 2] > now else None
             settled = settle(hit.limit, state, now, round(at * 1_000_000), delta)
@@ -256,14 +265,16 @@ class MemoryStorage(Storage):
         lease = _new(Lease, (key, hit.scope, limit.uid, str(next(self._leases))))
         return with_lease(state, now, limit.period_us, lease.id), lease
 
-    def _store(self, key: str, old: Entry | None, entry: Entry, usage: int, now: int) -> None:
+    def _store(self, key: str, old: Entry | None, entry: Entry, usage: int, now: int,
+               hits: Sequence[Hit] = ()) -> None:
         """Keep an identity's new ``entry`` (``old`` if it had one), with ``usage`` units
-        of an admitted request added to its history."""
+        of an admitted request (and what its ``hits`` spend of other units) added to its
+        history."""
         keys = self._keys
         if old is None:
             self._reclaim(now)
         if usage:
-            hours, days, kept = self._history(entry[1], entry[2], now, usage)
+            hours, days, kept = self._history(entry[1], entry[2], now, usage, hits)
             if kept > entry[0] or hours is not entry[1]:
                 entry = (entry[0] if entry[0] > kept else kept, hours, days,
                          *entry[_FIRST_CELL:])
@@ -271,27 +282,40 @@ class MemoryStorage(Storage):
         if old is None and len(keys) > self.max_keys:
             keys.popitem(last=False)
 
-    def _history(self, hours: dict[int, int] | None, days: dict[int, int] | None,
-                 now: int, units: int) -> tuple[dict[int, int], dict[int, int], int]:
+    def _history(self, hours: Buckets | None, days: Buckets | None, now: int, units: int,
+                 hits: Sequence[Hit]) -> tuple[Buckets, Buckets, int]:
         """An identity's hour and day buckets (new ones if it has none) with ``units``
         added, and until when the history is kept."""
         if hours is None or days is None:
             hours, days = {}, {}
-        return hours, days, self._count(hours, days, now, units)
+        return hours, days, self._count(hours, days, now, units, hits)
 
-    def _count(self, hours: dict[int, int], days: dict[int, int], now: int,
-               units: int) -> int:
-        """Add an admitted request's ``units`` to the hour and day buckets of ``now``;
-        until when the history is kept."""
+    def _count(self, hours: Buckets, days: Buckets, now: int, units: int,
+               hits: Sequence[Hit]) -> int:
+        """Add an admitted request's ``units`` to the hour and day buckets of ``now``,
+        and what its hits spend of other units (tokens) to theirs; until when the
+        history is kept."""
         hour, day = now // _HOUR_US, now // _DAY_US
         hours[hour] = hours.get(hour, 0) + units
         days[day] = days.get(day, 0) + units
+        for unit, spent in spends(hits):
+            hourly, daily = f"{unit}:{hour}", f"{unit}:{day}"
+            hours[hourly] = hours.get(hourly, 0) + spent
+            days[daily] = days.get(daily, 0) + spent
         _forget_before(hours, hour - self.retention.hours, self.retention.hours)
         _forget_before(days, day - self.retention.days, self.retention.days)
         # Usage outlives the counters: keep the identity as long as its history (the
         # hourly buckets' retention may be the longer one).
         return max((day + self.retention.days) * _DAY_US,
                    (hour + self.retention.hours) * _HOUR_US)
+
+    def _settle_history(self, entry: Entry, unit: str, at: int, delta: int) -> None:
+        """Move the ``unit`` buckets of the hour and day of ``at`` by ``delta`` (never
+        below 0), where the history counted them."""
+        for counts, bucket in ((entry[1], at // _HOUR_US), (entry[2], at // _DAY_US)):
+            name = f"{unit}:{bucket}"
+            if counts is not None and name in counts:
+                counts[name] = max(0, counts[name] + delta)
 
     def _reclaim(self, now: int) -> None:
         """Drop a few expired identities from the least recently used end."""
@@ -346,17 +370,20 @@ class MemoryStorage(Storage):
 
     async def usage(
         self, key: str, granularity: Granularity, start: float, end: float,
+        unit: str = "requests",
     ) -> list[tuple[int, int]]:
         now = self._now() / 1_000_000
         buckets = bucket_range(granularity, start, end, now, self.retention)
         entry = self._keys.get(key)
-        counts: dict[int, int] | None = None
+        counts: Buckets | None = None
         if entry is not None:
             counts = entry[1] if granularity == "hour" else entry[2]
         if counts is None:
             counts = {}
         size = BUCKET_SECONDS[granularity]
-        return [(n * size, counts.get(n, 0)) for n in buckets]
+        if unit == "requests":
+            return [(n * size, counts.get(n, 0)) for n in buckets]
+        return [(n * size, counts.get(f"{unit}:{n}", 0)) for n in buckets]
 
     async def reset(self, key: str) -> None:
         self._keys.pop(key, None)
@@ -366,8 +393,13 @@ class MemoryStorage(Storage):
         self._keys.clear()
 
 
-def _forget_before(counts: dict[int, int], oldest: int, kept: int) -> None:
-    """Drop the buckets numbered ``oldest`` or lower, once there are more than ``kept``."""
+def _forget_before(counts: Buckets, oldest: int, kept: int) -> None:
+    """Drop the buckets numbered ``oldest`` or lower, once there are more than ``kept``
+    (requests' buckets are numbers, other units' ``unit:number``)."""
     if len(counts) > kept:
-        for bucket in [b for b in counts if b <= oldest]:
+        for bucket in [b for b in counts if _number(b) <= oldest]:
             del counts[bucket]
+
+
+def _number(bucket: int | str) -> int:
+    return bucket if isinstance(bucket, int) else int(bucket.rpartition(":")[2])

@@ -34,7 +34,7 @@ from .pipe import Pipeline
 from .pool import answer_within
 from .renewals import renew_leases
 from .scripts import decide_library, decide_script_source, lua_source, settle_script_source
-from .settlements import by_identity, settle_adjustments, settle_call
+from .settlements import settle_adjustments, settle_call, settlement_groups
 from .usage_reads import read_usage
 from .warmup import WARM_CONNECTIONS, pack_command, probe_commands, warm_client, warm_cluster
 from .wire import (
@@ -45,6 +45,7 @@ from .wire import (
     pack_release,
     pack_script_load,
     slots_taken,
+    spends_arg,
 )
 
 __all__ = ["RedisStorage", "decide_script_source"]
@@ -174,13 +175,14 @@ class RedisStorage(Storage):
                 packed = self._packed(hits, bool(usage))
                 slots = packed.slots
                 lease_id = new_lease_id() if slots else ""
-                command = packed.command(self._packed_tag(key), clock.encode(), lease_id.encode(),
-                                         self._usage_arg(usage) if usage else b"")
+                command = packed.command(
+                    self._packed_tag(key), clock.encode(), lease_id.encode(),
+                    self._usage_arg(usage) + packed.spends if usage else b"")
                 reply = await self._queue(DECIDE, command, wait,
                                           (key, slots, lease_id) if slots else None)
             else:
                 tag = identity_tag(self.prefix, key)
-                spec = self._usage_arg(usage).decode() if usage else ""
+                spec = self._usage_arg(usage).decode() + spends_arg(hits) if usage else ""
                 slots = slots_taken(hits)
                 lease_id = new_lease_id() if slots else ""
                 keys = [redis_key(self.prefix, key, hit.scope, hit.limit.uid) for hit in hits]
@@ -378,7 +380,7 @@ class RedisStorage(Storage):
         sha = self._settle_script.sha.encode()
         clock = self._clock_arg()
         done = []
-        for group in by_identity(adjustments):
+        for group in settlement_groups(adjustments):
             keys, args = settle_call(self.prefix, clock, group)
             command = pack_command(b"EVALSHA", sha, b"%d" % len(keys),
                                    *map(self._encode, keys), *map(str.encode, args))
@@ -387,9 +389,10 @@ class RedisStorage(Storage):
 
     async def usage(
         self, key: str, granularity: Granularity, start: float, end: float,
+        unit: str = "requests",
     ) -> list[tuple[int, int]]:
         return await read_usage(self._client, self.prefix, self.retention, self._clock,
-                                self._bound(None), key, granularity, start, end)
+                                self._bound(None), key, granularity, start, end, unit)
 
     async def reset(self, key: str) -> None:
         pattern = glob_escape(identity_tag(self.prefix, key)) + "*"

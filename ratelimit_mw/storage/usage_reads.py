@@ -17,6 +17,7 @@ __all__ = ["read_usage"]
 async def read_usage(
     client: Any, prefix: str, retention: UsageRetention, clock: Callable[[], float] | None,
     timeout: float | None, key: str, granularity: Granularity, start: float, end: float,
+    unit: str = "requests",
 ) -> list[tuple[int, int]]:
     """The usage of ``key`` per ``granularity`` bucket from ``start`` to ``end``, on
     Redis's clock (or ``clock``, the tests'), within ``timeout`` seconds. See
@@ -28,7 +29,8 @@ async def read_usage(
             buckets = bucket_range(granularity, start, end, now, retention)
             if not buckets:
                 return []
-            tag = f"{identity_tag(prefix, key)}u:{granularity[0]}:"
+            series = "" if unit == "requests" else f"{unit}:"
+            tag = f"{identity_tag(prefix, key)}u:{series}{granularity[0]}:"
             counts = await client.mget([f"{tag}{n}" for n in buckets])
     except REDIS_FAILURES as exc:
         msg = f"redis could not read the usage of {key!r}: {cause(exc)}"

@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import NamedTuple
 
-from ..limits import Hit, Limit
+from ..limits import Hit, Limit, spends
 from .keys import counter_suffix
 
 __all__ = ["PackedHits", "algorithm_arg", "bulk", "pack_function_load", "pack_hits", "pack_release",
-           "pack_script_load", "slots_taken"]
+           "pack_script_load", "slots_taken", "spends_arg"]
 
 
 def bulk(value: bytes) -> bytes:
@@ -38,6 +38,9 @@ class PackedHits(NamedTuple):
     """``(scope, uid)`` of each hit that takes a concurrency slot."""
     packed_keys: dict[bytes, bytes]
     """The keys packed for each recent identity tag (an identity comes again)."""
+    spends: bytes = b""
+    """What the hits spend of other units, as decide.lua's usage argument ends
+    (``;tokens=256``)."""
 
     def command(self, tag: bytes, clock: bytes, lease: bytes, usage: bytes) -> bytes:
         """The whole command for one identity (see decide.lua for the arguments)."""
@@ -72,7 +75,13 @@ def pack_hits(function: str, hits: tuple[Hit, ...], usage: bool) -> PackedHits:
     count = 3 + len(keys) + 3 + 5 * len(hits)
     head = b"*%d\r\n%b%b%b" % (count, bulk(b"FCALL"), bulk(function.encode()),
                               bulk(b"%d" % len(keys)))
-    return PackedHits(head, tuple(keys), tail, slots_taken(hits), {})
+    return PackedHits(head, tuple(keys), tail, slots_taken(hits), {},
+                      spends_arg(hits).encode() if usage else b"")
+
+
+def spends_arg(hits: Sequence[Hit]) -> str:
+    """The end of decide.lua's usage argument: ``;unit=amount`` per other unit spent."""
+    return "".join(f";{unit}={amount}" for unit, amount in spends(hits))
 
 
 def algorithm_arg(limit: Limit) -> str:

@@ -79,3 +79,39 @@ async def test_websocket_messages_are_limited_per_connection(
             await asyncio.wait_for(websocket.recv(), 5)
     assert closed.value.rcvd is not None
     assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (1008, CLOSE_REASON)
+
+
+async def test_the_quota_endpoint_counts_the_tokens_settled(
+    start_server: StartServer,
+) -> None:
+    """A free caller's completion of 2000 tokens: the quota endpoint reports the tier's
+    tokens limit and what it counts, the settled cost (less what refilled since)."""
+    server = start_server("redis", workers=2)
+    words = " ".join(["w"] * 1000)
+    async with httpx.AsyncClient(base_url=server.url, headers=FREE, timeout=10) as client:
+        done = await client.post("/api/v1/completions",
+                                 json={"prompt": words, "max_tokens": 1000})
+        assert done.status_code == 200
+        quota = (await client.get("/api/v1/account/quota")).json()
+    assert quota["limits"]["tokens_per_minute"] == 10000
+    # 10000 a minute refill 167 a second: a second or two of it at most.
+    assert 2000 - 400 <= quota["usage"]["tokens_this_minute"] <= 2000
+
+
+async def test_the_usage_history_counts_the_tokens_settled(
+    start_server: StartServer,
+) -> None:
+    """Two completions (about 2000 and 20 tokens, each reserving 256): today's history
+    bucket counts two requests and the tokens their streams reported."""
+    server = start_server("redis", workers=2)
+    prompts = [" ".join(["w"] * 1000), " ".join(["w"] * 10)]
+    async with httpx.AsyncClient(base_url=server.url, headers=FREE, timeout=10) as client:
+        for prompt in prompts:
+            done = await client.post("/api/v1/completions",
+                                     json={"prompt": prompt, "max_tokens": 1000})
+            assert done.status_code == 200
+        history = (await client.get("/api/v1/account/quota/history",
+                                    params={"granularity": "hour"})).json()
+    assert history["total"] == 2
+    assert history["total_tokens"] == 2000 + 20
+    assert sum(bucket["tokens"] for bucket in history["buckets"]) == 2000 + 20

@@ -140,8 +140,9 @@ async def test_quota_numbers_match_the_requests_made(
     assert body == {
         "plan": "free",
         "period": f"{now.year:04d}-{now.month:02d}",
-        "limits": {"requests_per_minute": 10, "requests_per_day": 1000},
-        "usage": {"requests_today": 5, "requests_this_minute": 5},
+        "limits": {"requests_per_minute": 10, "requests_per_day": 1000,
+                   "tokens_per_minute": 10000},
+        "usage": {"requests_today": 5, "requests_this_minute": 5, "tokens_this_minute": 0},
         "resets_at": nxt.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "burst": {"requests_per_minute": 20},
         "concurrency": {"limit": 2, "in_flight": 0},
@@ -162,9 +163,11 @@ async def test_callers_see_only_their_own_quota(start_server: StartServer, kind:
         enterprise = (await client.get("/api/v1/account/quota", headers=ENTERPRISE)).json()
     assert (free["plan"], free["usage"]["requests_today"]) == ("free", 3)
     assert (starter["plan"], starter["usage"]["requests_today"]) == ("starter", 1)
-    assert starter["limits"] == {"requests_per_minute": 100, "requests_per_day": 50000}
+    assert starter["limits"] == {"requests_per_minute": 100, "requests_per_day": 50000,
+                                 "tokens_per_minute": 50000}
     assert (pro["plan"], pro["usage"]["requests_today"]) == ("pro", 0)
-    assert pro["limits"] == {"requests_per_minute": 1000, "requests_per_day": 500000}
+    assert pro["limits"] == {"requests_per_minute": 1000, "requests_per_day": 500000,
+                             "tokens_per_minute": 200000}
     # The override the app gives demo-enterprise at start-up: its negotiated limits.
     assert enterprise["plan"] == "enterprise"
     assert enterprise["limits"] == {"requests_per_minute": 5000, "requests_per_day": 5000000}
@@ -202,8 +205,8 @@ async def test_history_buckets_add_up_to_the_requests_made(
         bad = await client.get("/api/v1/account/quota/history", params={"granularity": "week"})
     assert hours["total"] == sum(b["requests"] for b in hours["buckets"]) == 7
     assert len(hours["buckets"]) in (24, 25)
-    assert days["buckets"] == [{"start": f"{today}T00:00:00Z", "requests": 7}]
-    assert days["total"] == 7
+    assert days["buckets"] == [{"start": f"{today}T00:00:00Z", "requests": 7, "tokens": 0}]
+    assert (days["total"], days["total_tokens"]) == (7, 0)
     assert bad.status_code == 400
 
 

@@ -26,8 +26,9 @@ from ratelimit_mw import (
     spends,
 )
 from ratelimit_mw.charges import cost_from, cost_from_header, cost_from_state
+from tests.conftest import FakeClock
 
-from .conftest import client_for, make_app
+from .conftest import CLIENT, client_for, make_app
 
 FAILURES = Limit("5/15 minutes", "fixed_window", name="login-failures", count="failures")
 
@@ -112,6 +113,7 @@ def metered_app(storage: Storage, cost: Any, **options: Any) -> Any:
     async def hello(request: Request) -> Response:
         return PlainTextResponse("hello")
 
+    options.setdefault("storage_timeout", 5.0)  # a loaded host: no decision fails open
     return make_app([Route("/complete", complete), Route("/hello", hello)],
                     tiers=[Tier("t", [Limit("100/minute", name="requests"), tokens])],
                     storage=storage, header_style="legacy+draft-11", **options)
@@ -138,6 +140,23 @@ async def test_the_real_cost_is_settled_up_and_down(storage: Storage, reader: An
     assert third.headers["x-ratelimit-remaining-tokens"] == "560"  # 1000-300-40-100
     assert '"tokens";r=560;' in third.headers["ratelimit"]
     assert third.headers["x-ratelimit-remaining"] == "96"  # requests: its own policy
+
+
+async def test_the_usage_history_counts_what_was_spent(storage: Storage,
+                                                       clock: FakeClock) -> None:
+    """With usage history, each request counts one request and the tokens it settled
+    at (300, then 40, then 100 as estimated); requests that spend none add no tokens."""
+    app = metered_app(storage, cost_from_header("x-tokens-used"), quota_history=True)
+    async with client_for(app) as client:
+        for n in (300, 40, 100):
+            await client.get("/complete", params={"n": n})
+        await client.get("/hello")
+    now = clock.now
+    key = f"ip:{CLIENT[0]}"
+    requests = await storage.usage(key, "hour", now - 7200, now + 7200)
+    tokens = await storage.usage(key, "day", now - 2 * 86400, now + 2 * 86400, "tokens")
+    assert sum(count for _, count in requests) == 4
+    assert sum(count for _, count in tokens) == 300 + 40 + 100
 
 
 async def test_a_cost_header_can_be_kept_from_the_client(storage: Storage) -> None:

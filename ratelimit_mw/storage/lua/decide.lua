@@ -6,7 +6,8 @@
 -- with TRYAGAIN while a Cluster slot migrates.
 -- ARGV[1] is empty (use Redis's clock) or a time in microseconds (tests only: lets the
 -- differential tests drive Redis on simulated time); ARGV[2] the lease id a
--- concurrency hit takes; ARGV[3] the usage "hours,days,units" or empty (no usage);
+-- concurrency hit takes; ARGV[3] the usage "hours,days,units" (then ";unit=amount" per
+-- other unit the request spends) or empty (no usage);
 -- then five values per hit: algorithm ("gcra+<us>" for a shaped limit, whose admitted
 -- requests may wait that long for their turn), amount, period, capacity, cost.
 -- Nothing is written unless every hit admits.
@@ -60,18 +61,25 @@ end
 
 if admitted and ARGV[3] ~= "" then
   -- Usage history: one counter per hour and per day, each kept for its retention,
-  -- counting the request's units (its cost). ARGV[3] is "hours,days,units".
-  local h, d, u = string.match(ARGV[3], "^(%d+),(%d+),(%d+)$")
-  local hours, days, units = tonumber(h), tonumber(d), tonumber(u)
+  -- counting the request's units (its cost), and one per unit it spends (tokens).
+  -- ARGV[3] is "hours,days,units", then ";unit=amount" per unit spent.
+  local h, d, u, spent = string.match(ARGV[3], "^(%d+),(%d+),(%d+)(.*)$")
+  local hours, days = tonumber(h), tonumber(d)
   local hour, day = idiv(now, HOUR), idiv(now, DAY)
   local buckets = string.match(KEYS[1], "^[^}]*}:") .. "u:"
-  local hour_key, day_key = buckets .. "h:" .. fmt(hour), buckets .. "d:" .. fmt(day)
-  -- A bucket's end of life is fixed when it is created: set it then, not per request.
-  if redis.call("INCRBY", hour_key, units) == units then
-    redis.call("PEXPIRE", hour_key, math.ceil(((hour + hours) * HOUR - now) / 1000))
+  local function count(series, units)
+    local hour_key, day_key = series .. "h:" .. fmt(hour), series .. "d:" .. fmt(day)
+    -- A bucket's end of life is fixed when it is created: set it then, not per request.
+    if redis.call("INCRBY", hour_key, units) == units then
+      redis.call("PEXPIRE", hour_key, math.ceil(((hour + hours) * HOUR - now) / 1000))
+    end
+    if redis.call("INCRBY", day_key, units) == units then
+      redis.call("PEXPIRE", day_key, math.ceil(((day + days) * DAY - now) / 1000))
+    end
   end
-  if redis.call("INCRBY", day_key, units) == units then
-    redis.call("PEXPIRE", day_key, math.ceil(((day + days) * DAY - now) / 1000))
+  count(buckets, tonumber(u))
+  for unit, amount in string.gmatch(spent, ";([%w_-]+)=(%d+)") do
+    count(buckets .. unit .. ":", tonumber(amount))
   end
 end
 return reply

@@ -2,9 +2,11 @@
 -- Settles reserved charges after their responses: twin of each algorithm's ``settle``
 -- (algorithms/*.py). Follows the algorithm files, whose helpers it uses.
 -- KEYS[i] is the counter of adjustment i (one identity's keys: one hash slot).
--- ARGV[1] is empty (Redis's clock) or a time in microseconds (tests only); then six
--- values per adjustment: algorithm, amount, period, capacity, delta, and the time its
--- request was decided. Reply: how many counters changed.
+-- ARGV[1] is empty (Redis's clock) or a time in microseconds (tests only); then seven
+-- values per adjustment: algorithm, amount, period, capacity, delta, the time its
+-- request was decided, and the unit whose usage history moves too ("" for none: the
+-- requests' history counts requests, and a request's unit moves once).
+-- Reply: how many counters changed.
 local SETTLE_SLACK_MS = 1000
 local SETTLE = {}
 
@@ -138,13 +140,30 @@ else
   local t = redis.call("TIME")
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
+local HOUR_US, DAY_US = 3600000000, 86400000000
+
+-- The hour and day buckets of the unit's usage history that counted the request at
+-- `at`, moved by delta (never below 0); none where the history is off.
+local function settle_usage(key, unit, at, delta)
+  local series = string.match(key, "^[^}]*}:") .. "u:" .. unit .. ":"
+  for _, bucket in ipairs({"h:" .. fmt(idiv(at, HOUR_US)), "d:" .. fmt(idiv(at, DAY_US))}) do
+    local counted = redis.call("GET", series .. bucket)
+    if counted then
+      redis.call("SET", series .. bucket, fmt(math.max(0, tonumber(counted) + delta)),
+        "KEEPTTL")
+    end
+  end
+end
+
 local changed = 0
 for i = 1, #KEYS do
-  local j = 2 + (i - 1) * 6
+  local j = 2 + (i - 1) * 7
   local settle = SETTLE[ARGV[j]]
-  if settle and settle(KEYS[i], now, tonumber(ARGV[j + 5]), tonumber(ARGV[j + 1]),
-      tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4])) then
+  local at, delta = tonumber(ARGV[j + 5]), tonumber(ARGV[j + 4])
+  if settle and settle(KEYS[i], now, at, tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]),
+      tonumber(ARGV[j + 3]), delta) then
     changed = changed + 1
   end
+  if ARGV[j + 6] ~= "" then settle_usage(KEYS[i], ARGV[j + 6], at, delta) end
 end
 return changed
