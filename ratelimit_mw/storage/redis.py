@@ -39,7 +39,7 @@ from .usage_reads import read_usage
 from .warmup import WARM_CONNECTIONS, pack_command, probe_commands, warm_client, warm_cluster
 from .wire import (
     PackedHits,
-    algorithm_arg,
+    hit_arg,
     pack_function_load,
     pack_hits,
     pack_release,
@@ -188,11 +188,7 @@ class RedisStorage(Storage):
                 keys = [redis_key(self.prefix, key, hit.scope, hit.limit.uid) for hit in hits]
                 if usage and not keys:
                     keys.append(f"{tag}u:")  # a key to route by (see decide.lua)
-                args: list[str | int] = [clock, lease_id, spec]
-                for hit in hits:
-                    limit = hit.limit
-                    args += (algorithm_arg(limit), limit.amount, limit.period_us,
-                             limit.capacity, hit.cost)
+                args = [clock, lease_id, spec, *map(hit_arg, hits)]
                 reply = await answer_within(self._decide(keys=keys, args=args), wait)
         except REDIS_FAILURES as exc:
             if isinstance(exc, CONNECTION_LOST):

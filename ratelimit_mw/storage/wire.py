@@ -15,8 +15,8 @@ from typing import NamedTuple
 from ..limits import Hit, Limit, spends
 from .keys import counter_suffix
 
-__all__ = ["PackedHits", "algorithm_arg", "bulk", "pack_function_load", "pack_hits", "pack_release",
-           "pack_script_load", "slots_taken", "spends_arg"]
+__all__ = ["PackedHits", "algorithm_arg", "bulk", "hit_arg", "pack_function_load", "pack_hits",
+           "pack_release", "pack_script_load", "slots_taken", "spends_arg"]
 
 
 def bulk(value: bytes) -> bytes:
@@ -33,7 +33,7 @@ class PackedHits(NamedTuple):
     keys: tuple[bytes, ...]
     """Each key's end, after the identity's tag."""
     tail: bytes
-    """Five arguments per hit: algorithm, amount, period, capacity, cost."""
+    """One argument per hit: ``algorithm amount period capacity cost``."""
     slots: tuple[tuple[str, str], ...]
     """``(scope, uid)`` of each hit that takes a concurrency slot."""
     packed_keys: dict[bytes, bytes]
@@ -66,13 +66,8 @@ def pack_hits(function: str, hits: tuple[Hit, ...], usage: bool) -> PackedHits:
     keys = [counter_suffix(hit.scope, hit.limit.uid).encode() for hit in hits]
     if usage and not keys:
         keys.append(b"u:")  # a key to route by (see decide.lua)
-    tail = b"".join(
-        bulk(str(value).encode())
-        for hit in hits
-        for value in (algorithm_arg(hit.limit), hit.limit.amount, hit.limit.period_us,
-                      hit.limit.capacity, hit.cost)
-    )
-    count = 3 + len(keys) + 3 + 5 * len(hits)
+    tail = b"".join(bulk(hit_arg(hit).encode()) for hit in hits)
+    count = 3 + len(keys) + 3 + len(hits)
     head = b"*%d\r\n%b%b%b" % (count, bulk(b"FCALL"), bulk(function.encode()),
                               bulk(b"%d" % len(keys)))
     return PackedHits(head, tuple(keys), tail, slots_taken(hits), {},
@@ -82,6 +77,14 @@ def pack_hits(function: str, hits: tuple[Hit, ...], usage: bool) -> PackedHits:
 def spends_arg(hits: Sequence[Hit]) -> str:
     """The end of decide.lua's usage argument: ``;unit=amount`` per other unit spent."""
     return "".join(f";{unit}={amount}" for unit, amount in spends(hits))
+
+
+def hit_arg(hit: Hit) -> str:
+    """decide.lua's argument for ``hit``: ``algorithm amount period capacity cost``, one
+    string, so that the script parses it once (see hits.lua)."""
+    limit = hit.limit
+    return (f"{algorithm_arg(limit)} {limit.amount} {limit.period_us} {limit.capacity} "
+            f"{hit.cost}")
 
 
 def algorithm_arg(limit: Limit) -> str:

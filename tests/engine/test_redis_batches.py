@@ -546,9 +546,8 @@ def test_a_packed_decision_is_the_command_redis_py_would_send(
         keys = [tag + counter_suffix(hit.scope, hit.limit.uid).encode() for hit in hits]
         if usage and not hits:
             keys.append(tag + b"u:")
-        args = [str(value).encode() for hit in hits for value in (
-            hit.limit.algorithm, hit.limit.amount, hit.limit.period_us, hit.limit.capacity,
-            hit.cost)]
+        args = [f"{hit.limit.algorithm} {hit.limit.amount} {hit.limit.period_us} "
+                f"{hit.limit.capacity} {hit.cost}".encode() for hit in hits]
         spec = b"168,90" if usage else b""
         expected = b"".join(encoder.pack_command(
             "FCALL", "ratelimit_mw_decide_f", len(keys), *keys, b"", lease, spec, *args))
