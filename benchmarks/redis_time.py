@@ -1,6 +1,7 @@
 """Redis time per decision: how many decisions one Redis core (or Cluster shard) can make.
 
     python benchmarks/redis_time.py [--decisions 10000] [--runs 3] [--no-cluster]
+    python benchmarks/redis_time.py --callgrind --decisions 2000 --runs 1
 
 Starts its own redis-server (a standalone one, then a 3-primary Cluster) on free
 loopback ports, and for each case runs ``--decisions`` decisions over 10 000
@@ -10,6 +11,9 @@ summed over the commands the client sent (a script's own commands are inside its
 time) and over every primary; "run" counts every command Redis ran, a script's
 included, "sent" those the client sent. Each figure is the median of ``--runs`` runs.
 The floor is a minimal fixed-window script (``INCR``, ``PEXPIRE`` on the first hit).
+With ``--callgrind`` the server runs under valgrind and the figure is thousands of
+instructions run inside the commands sent, per decision: slower, but the same from run
+to run on a busy machine, where µs are not.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 import asyncio
 import itertools
 import statistics
+import subprocess
 import sys
 import tempfile
 import uuid
@@ -54,6 +59,7 @@ PEERS = {  # our algorithm -> the limits strategy that does the same work
     "sliding_log": limits_strategies.MovingWindowRateLimiter,
     "sliding_window": limits_strategies.SlidingWindowCounterRateLimiter,
 }
+_COLLECTED = ("fcallCommand", "evalShaCommand", "zremCommand")  # what clients send
 _NOT_COUNTED = {"config", "info", "cluster", "ping", "hello", "client", "echo", "command",
                 "script", "function", "monitor", "select", "readonly"}
 
@@ -80,14 +86,35 @@ def cases() -> list[tuple[str, list[Hit], int]]:
 
 
 class Servers:
-    """The primaries of one deployment: reset and read their command statistics."""
+    """The primaries of one deployment: reset and read their command statistics (and,
+    for a server under callgrind, the instructions it ran inside commands sent)."""
 
-    def __init__(self, nodes: list[RedisProcess]) -> None:
+    def __init__(self, nodes: list[RedisProcess], callgrind: Path | None = None) -> None:
         self.nodes = nodes
+        self.callgrind = callgrind  # where a server under callgrind writes its dumps
 
     def reset(self) -> None:
         for node in self.nodes:
             node.call("CONFIG", "RESETSTAT")
+            if self.callgrind is not None:
+                subprocess.run(["callgrind_control", "-z", str(node.pid)], check=True,
+                               capture_output=True)
+
+    def instructions(self) -> int:
+        """Instructions run inside the commands sent since ``reset`` (callgrind only)."""
+        assert self.callgrind is not None
+        total = 0
+        for node in self.nodes:
+            for dump in self.callgrind.glob("cg.out.*"):
+                dump.unlink()
+            subprocess.run(["callgrind_control", "-d", str(node.pid)], check=True,
+                           capture_output=True)
+            for dump in self.callgrind.glob("cg.out.*"):
+                for line in dump.read_text().splitlines():
+                    if line.startswith(("summary:", "totals:")):
+                        total += int(line.split()[1])
+                        break
+        return total
 
     def stats(self) -> dict[str, tuple[int, int]]:
         """Per command (lower case, subcommands joined by ``|``): (calls, usec)."""
@@ -125,7 +152,8 @@ async def measure(servers: Servers, sent_names: set[str], count: int,
     servers.reset()
     await run_many(step, count)
     stats = servers.stats()
-    usec = sum(u for name, (_, u) in stats.items() if name in sent_names)
+    usec = (servers.instructions() / 1000 if servers.callgrind is not None else
+            sum(u for name, (_, u) in stats.items() if name in sent_names))
     run = sum(c for name, (c, _) in stats.items() if name.split("|")[0] not in _NOT_COUNTED)
     return usec / count, run / count
 
@@ -147,6 +175,7 @@ async def table(name: str, url: str, servers: Servers, monitor_url: str | None,
     assert isinstance(storage, RedisStorage)
     await storage.prepare()
     ours_sent = {"evalsha", "fcall"}
+    unit = "µs" if servers.callgrind is None else "k instructions"
 
     async def median(who: str, label: str, sent: set[str], sent_count: float,
                      step: Callable[[str], Awaitable[Any]],
@@ -156,7 +185,7 @@ async def table(name: str, url: str, servers: Servers, monitor_url: str | None,
         usec = statistics.median(r[0] for r in results)
         run = statistics.median(r[1] for r in results)
         rows.append((label, who, usec, run, sent_count))
-        print(f"  {name:<10} {who:<8} {label:<42} {usec:6.2f} µs  {run:5.2f} run  "
+        print(f"  {name:<10} {who:<8} {label:<42} {usec:6.2f} {unit}  {run:5.2f} run  "
               f"{sent_count:g} sent", flush=True)
 
     for case, (label, hits, usage) in enumerate(cases()):
@@ -174,7 +203,7 @@ async def table(name: str, url: str, servers: Servers, monitor_url: str | None,
         if _has_slot(hits) and usage:
             usec, run = await release_time(storage, servers, hits, usage, count, runs)
             rows.append(("release of the slot (ZREM)", "ours", usec, run, 1))
-            print(f"  {name:<10} ours     {'release of the slot (ZREM)':<42} {usec:6.2f} µs",
+            print(f"  {name:<10} ours     {'release of the slot (ZREM)':<42} {usec:6.2f} {unit}",
                   flush=True)
         algorithm = hits[0].limit.algorithm
         if len(hits) == 1 and algorithm in PEERS:
@@ -226,6 +255,8 @@ async def release_time(storage: RedisStorage, servers: Servers, hits: list[Hit],
         given = len(leases)
         await run_many(release, given)
         calls, usec = servers.stats().get("zrem", (0, 0))
+        if servers.callgrind is not None:
+            usec = servers.instructions() // 1000
         if run:
             results.append((usec / given, calls / given))
     return statistics.median(r[0] for r in results), statistics.median(r[1] for r in results)
@@ -253,8 +284,8 @@ async def _sent_count(monitor_url: str | None, step: Callable[[str], Awaitable[A
     return sum((await _sent_names(monitor_url, step, default, case)).values()) / 100
 
 
-def markdown(rows: dict[str, list[tuple[str, str, float, float, float]]]) -> str:
-    lines = ["| decision | deployment | who | µs of Redis time | commands run | commands sent |",
+def markdown(rows: dict[str, list[tuple[str, str, float, float, float]]], unit: str) -> str:
+    lines = [f"| decision | deployment | who | {unit} | commands run | commands sent |",
              "|---|---|---|---:|---:|---:|"]
     for deployment, found in rows.items():
         for label, who, usec, run, sent in found:
@@ -267,24 +298,30 @@ async def main() -> None:
     parser.add_argument("--decisions", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--no-cluster", action="store_true")
+    parser.add_argument("--callgrind", action="store_true",
+                        help="count the instructions redis-server runs per decision (in "
+                             "thousands, in place of µs) under valgrind; standalone only")
     args = parser.parse_args()
     server = redis_server_binary()
     results: dict[str, list[tuple[str, str, float, float, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="redis-time-") as workdir:
+        valgrind = ["valgrind", "--tool=callgrind", "--collect-atstart=no",
+                    *(f"--toggle-collect={name}" for name in _COLLECTED),
+                    f"--callgrind-out-file={workdir}/cg.out.%p"] if args.callgrind else []
         node = RedisProcess("standalone", Path(workdir), lambda w, port: [
-            server, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(w),
+            *valgrind, server, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(w),
             "--save", "", "--appendonly", "no"])
-        node.start()
+        node.start(timeout=60)
         try:
             url = f"redis://127.0.0.1:{node.port}/0"
             print(f"redis-server {node.info('server')['redis_version']}, limits "
                   f"{limits.__version__}; {args.decisions} decisions per run, median of "
                   f"{args.runs}", flush=True)
-            results["Redis"] = await table("Redis", url, Servers([node]), url,
-                                           args.decisions, args.runs)
+            servers = Servers([node], Path(workdir) if args.callgrind else None)
+            results["Redis"] = await table("Redis", url, servers, url, args.decisions, args.runs)
         finally:
             node.kill()
-        if not args.no_cluster:
+        if not args.no_cluster and not args.callgrind:
             cluster_dir = Path(workdir) / "cluster"
             cluster_dir.mkdir()
             cluster = ClusterDeployment(cluster_dir)
@@ -295,7 +332,8 @@ async def main() -> None:
             finally:
                 cluster.stop()
     print()
-    print(markdown(results))
+    print(markdown(results, "k instructions (callgrind)" if args.callgrind else
+                   "µs of Redis time"))
 
 
 if __name__ == "__main__":
