@@ -19,7 +19,7 @@ if ARGV[1] ~= "" then
   now = tonumber(ARGV[1])
 else
   local t = redis.call("TIME")
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = num(t[1]) * 1000000 + tonumber(t[2])
 end
 LEASE = ARGV[2]
 
@@ -61,7 +61,7 @@ if admitted and ARGV[3] ~= "" then
   local hour, day = idiv(now, HOUR), idiv(now, DAY)
   local buckets = string.match(KEYS[1], "^[^}]*}:") .. "u:"
   local function count(series, units)
-    local hour_key, day_key = series .. "h:" .. fmt(hour), series .. "d:" .. fmt(day)
+    local hour_key, day_key = series .. "h:" .. text(hour), series .. "d:" .. text(day)
     -- A bucket's end of life is fixed when it is created: set it then, not per request.
     if redis.call("INCRBY", hour_key, units) == units then
       redis.call("PEXPIRE", hour_key, math.ceil(((hour + hours) * HOUR - now) / 1000))
