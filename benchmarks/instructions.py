@@ -72,7 +72,7 @@ DEFAULT_APPS = ("bare", "headers", "memory", "memory-tier", "redis", "redis-tier
 CONTROLS = ("bare", "headers")
 WITHOUT_RATELIMIT_MW = (*CONTROLS, "floor")
 """The apps of ``middleware.py`` that do not run ratelimit_mw: counted on one build."""
-REDIS_APPS = frozenset({"redis", "denial", "redis-tier"}).union(
+REDIS_APPS = frozenset({"redis", "denial", "redis-tier", "redis-settled"}).union(
     peer for peer in PEERS if peer.endswith("-redis"))
 # The modules each peer library needs, by the peer app's name less its storage.
 PEER_MODULES = {"limits": ("limits",), "slowapi": ("slowapi",),

@@ -24,6 +24,11 @@ Apps (this module is also the uvicorn app module, see ``create_app``):
     memory-metrics
              memory, counted by Prometheus metrics (``ratelimit_mw.metrics``)
     redis    + the middleware on Redis, every request admitted
+    memory-settled, redis-settled
+             memory and redis with the tier's limit counting failures only
+             (``Limit(..., count="failures")``): each request reserves one unit
+             before the app and, its 200 not counting, has it refunded after the
+             response (one settle per request)
     denial   + the middleware on Redis, the one client over its limit (answered
              from the local cache of blocked keys, no Redis call)
     memory-tier, redis-tier
@@ -63,7 +68,7 @@ from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
 APPS = ("bare", "headers", "floor", "quiet", "memory", "memory-metrics", "redis", "denial",
-        "memory-tier", "redis-tier")
+        "memory-tier", "redis-tier", "memory-settled", "redis-settled")
 PEERS = (  # the other libraries doing the same job, from benchmarks/peer_apps.py
     "limits-memory", "limits-redis", "slowapi-memory", "slowapi-redis",
     "asgi-ratelimit-memory", "asgi-ratelimit-redis", "fastapi-limiter-memory",
@@ -111,6 +116,17 @@ def create_app() -> Starlette:
             settings=RateLimitSettings(
                 storage_url="memory://" if kind != "redis" else redis_url,
                 header_style="none" if kind == "quiet" else "legacy", **common),
+        )
+    elif kind in ("memory-settled", "redis-settled"):
+        from ratelimit_mw.limits import Limit
+
+        # memory / redis, but the limit counts failures only: the unit reserved before
+        # the app is refunded after each (200) response, one settle per request
+        app.add_middleware(
+            RateLimitMiddleware,
+            tiers=[Tier("t", [Limit(f"{_HUGE}/minute", count="failures")])],
+            settings=RateLimitSettings(
+                storage_url="memory://" if kind == "memory-settled" else redis_url, **common),
         )
     elif kind == "memory-metrics":
         from ratelimit_mw.metrics import PrometheusMetrics
@@ -343,7 +359,8 @@ def measure(kind: str, redis_url: str, seconds: float, connections: int, python:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-        if kind not in ("bare", "headers", "floor", "memory", "quiet", "memory-tier"):
+        if kind not in ("bare", "headers", "floor", "memory", "quiet", "memory-tier",
+                        "memory-settled"):
             _forget(redis_url, prefix)
 
 

@@ -181,12 +181,14 @@ class Settlement:
     where the real ``cost`` is read (None: the reserved estimate is the cost), and the
     ``estimate`` reserved before the app runs (None: the request's cost)."""
 
-    __slots__ = ("cost", "count", "estimate")
+    __slots__ = ("cost", "count", "estimate", "reads_headers")
 
     def __init__(self, count: Count, cost: CostReader | None, estimate: int | None) -> None:
         self.count: Final = count
         self.cost: Final = cost
         self.estimate: Final = estimate
+        self.reads_headers: Final = cost is not None and not cost.state
+        """True when the cost is read as the response starts (a header, a function)."""
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Settlement) and other.count == self.count

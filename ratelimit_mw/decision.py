@@ -65,8 +65,8 @@ class Adjustment(NamedTuple):
 
 Hold = Lease | Adjustment
 """What closing a decision's holds asks of the storage (``Storage.close_holds``): give a
-concurrency slot back (its ``Lease``), or settle a reserved charge (an ``Adjustment``).
-A shaped request's turn joins them as a kind of its own (docs/internals.md, "Holds")."""
+concurrency slot back (its ``Lease``), or settle a reserved charge (an ``Adjustment``,
+which also gives back a shaped request's turn: docs/internals.md, "Holds")."""
 
 
 class Verdict(NamedTuple):

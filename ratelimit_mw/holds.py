@@ -8,7 +8,7 @@ leases while it runs, and closes them when it ends: just before the last body ch
 goes out (``Holding``, the request's ``send``), or when the app call ends otherwise (a
 client disconnect stops the response, the app raises). Closing never raises: a lease
 not given back ends by itself, a settlement not made leaves the estimate charged.
-Shaped requests' turns are a kind of hold to come (docs/internals.md, "Holds").
+A shaped request is held for its turn before any of this (``shaping.Turns``).
 """
 
 from __future__ import annotations
@@ -305,6 +305,9 @@ class SettlingHolding(Holding):
     def _started(self, message: Message) -> Message:
         """Note the status and the costs the headers say; drop the headers to hide."""
         self.status = int(message.get("status", 500))
+        if not any(hit.limit.settlement is not None and hit.limit.settlement.reads_headers
+                   for hit in self.settled):
+            return message  # a count, a fixed cost or the state: no header to read
         raw = message.get("headers") or ()
         headers = {name.decode("latin-1").lower(): value.decode("latin-1")
                    for name, value in raw}

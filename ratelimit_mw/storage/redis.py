@@ -34,7 +34,7 @@ from .pipe import Pipeline
 from .pool import answer_within
 from .renewals import renew_leases
 from .scripts import decide_library, decide_script_source, lua_source, settle_script_source
-from .settlements import settle_adjustments, settle_call, settlement_groups
+from .settlements import settle_adjustments, settlement_groups
 from .usage_reads import read_usage
 from .warmup import WARM_CONNECTIONS, pack_command, probe_commands, warm_client, warm_cluster
 from .wire import (
@@ -44,6 +44,7 @@ from .wire import (
     pack_hits,
     pack_release,
     pack_script_load,
+    pack_settle,
     slots_taken,
     spends_arg,
 )
@@ -374,14 +375,14 @@ class RedisStorage(Storage):
     def _queue_settlements(self, adjustments: Sequence[Adjustment]) -> asyncio.Future[Any]:
         """The settle.lua calls of ``adjustments``, queued; done when all are answered."""
         sha = self._settle_script.sha.encode()
-        clock = self._clock_arg()
-        done = []
-        for group in settlement_groups(adjustments):
-            keys, args = settle_call(self.prefix, clock, group)
-            command = pack_command(b"EVALSHA", sha, b"%d" % len(keys),
-                                   *map(self._encode, keys), *map(str.encode, args))
-            done.append(self._queue(SETTLE, command, self._bound(None)))
-        return done[0] if len(done) == 1 else asyncio.gather(*done)
+        clock = self._clock_arg().encode()
+        wait = self._bound(None)
+        if len(adjustments) == 1 or all(a.key == adjustments[0].key for a in adjustments):
+            tag = self._packed_tag(adjustments[0].key)  # the usual: one request's
+            return self._queue(SETTLE, pack_settle(sha, tag, clock, adjustments), wait)
+        return asyncio.gather(*[
+            self._queue(SETTLE, pack_settle(sha, self._packed_tag(group[0].key), clock, group),
+                        wait) for group in settlement_groups(adjustments)])
 
     async def usage(
         self, key: str, granularity: Granularity, start: float, end: float,

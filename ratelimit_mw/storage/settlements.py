@@ -10,6 +10,7 @@ from redis.commands.core import AsyncScript
 from ..decision import Adjustment
 from .keys import redis_key
 from .per_identity import by_identity, per_identity
+from .wire import history_unit
 
 __all__ = ["settle_adjustments", "settle_call", "settlement_groups"]
 
@@ -34,11 +35,7 @@ def settle_call(prefix: str, clock: str,
     counted: set[tuple[str, float]] = set()
     for key, hit, delta, at in group:
         limit = hit.limit
-        unit = limit.unit
-        if unit == "requests" or (unit, at) in counted:
-            unit = ""
-        else:
-            counted.add((unit, at))
+        unit = history_unit(limit, at, counted)
         keys.append(redis_key(prefix, key, hit.scope, limit.uid))
         args += (limit.algorithm, str(limit.amount), str(limit.period_us),
                  str(limit.capacity), str(delta), str(round(at * 1_000_000)), unit)

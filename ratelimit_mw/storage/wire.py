@@ -12,11 +12,24 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import NamedTuple
 
+from ..decision import Adjustment
 from ..limits import Hit, Limit, spends
 from .keys import counter_suffix
 
-__all__ = ["PackedHits", "algorithm_arg", "bulk", "hit_arg", "pack_function_load", "pack_hits",
-           "pack_release", "pack_script_load", "slots_taken", "spends_arg"]
+__all__ = [
+    "PackedHits",
+    "algorithm_arg",
+    "bulk",
+    "history_unit",
+    "hit_arg",
+    "pack_function_load",
+    "pack_hits",
+    "pack_release",
+    "pack_script_load",
+    "pack_settle",
+    "slots_taken",
+    "spends_arg",
+]
 
 
 def bulk(value: bytes) -> bytes:
@@ -114,3 +127,43 @@ def pack_function_load(library: str) -> bytes:
 def pack_release(key: bytes, lease: bytes) -> bytes:
     """``ZREM key lease``: one concurrency slot given back."""
     return b"*3\r\n$4\r\nZREM\r\n%b%b" % (bulk(key), bulk(lease))
+
+
+def pack_settle(sha: bytes, tag: bytes, clock: bytes, group: Sequence[Adjustment]) -> bytes:
+    """The ``EVALSHA`` of settle.lua for one identity's ``group`` (see settle.lua for the
+    arguments), whose keys start with the identity's encoded ``tag``."""
+    keys: list[bytes] = []
+    args = [bulk(clock)]
+    counted: set[tuple[str, float]] = set()
+    for _, hit, delta, at in group:
+        limit = hit.limit
+        keys.append(bulk(tag + _suffix(hit.scope, limit.uid)))
+        args += (_settled_limit(limit), bulk(b"%d" % delta),
+                 bulk(b"%d" % round(at * 1_000_000)),
+                 bulk(history_unit(limit, at, counted).encode()))
+    return b"*%d\r\n%b%b%b%b%b" % (
+        4 + len(keys) + 7 * len(group), bulk(b"EVALSHA"), bulk(sha), bulk(b"%d" % len(keys)),
+        b"".join(keys), b"".join(args))
+
+
+def history_unit(limit: Limit, at: float, counted: set[tuple[str, float]]) -> str:
+    """The unit whose usage history a settlement of ``limit`` for the request decided at
+    ``at`` moves: its own, the first time that request's unit is seen in ``counted``
+    (a tier's tokens per minute and per day are one spending); else none (``""``)."""
+    unit = limit.unit
+    if unit == "requests" or (unit, at) in counted:
+        return ""
+    counted.add((unit, at))
+    return unit
+
+
+@lru_cache(maxsize=1024)
+def _suffix(scope: str, uid: str) -> bytes:
+    return counter_suffix(scope, uid).encode()
+
+
+@lru_cache(maxsize=512)
+def _settled_limit(limit: Limit) -> bytes:
+    """A limit's first four settle.lua arguments: algorithm, amount, period, capacity."""
+    return b"".join(bulk(str(value).encode()) for value in (
+        limit.algorithm, limit.amount, limit.period_us, limit.capacity))
