@@ -320,7 +320,8 @@ async def test_a_slot_held_in_migration_is_waited_for_within_the_timeout(
     counts take in the earlier hits."""
     storage = make(timeout=3.0)
     name = f"held-{reply}"
-    hits = [Hit(Limit("10/minute", "fixed_window")), Hit(Limit("10/minute", "sliding_log"))]
+    # An hour's fixed window: a minute's could end within the test and start afresh.
+    hits = [Hit(Limit("10/hour", "fixed_window")), Hit(Limit("10/minute", "sliding_log"))]
     for _ in range(2):
         await storage.decide(name, hits)
     keys = [redis_key(storage.prefix, name, "", hit.limit.uid) for hit in hits]
