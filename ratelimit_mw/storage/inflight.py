@@ -13,6 +13,8 @@ import hiredis
 from redis import exceptions as redis_errors
 from redis.asyncio.connection import AbstractConnection
 
+from .functions import function_missing, server_lacks_functions, too_old
+
 __all__ = ["DECIDE", "RELEASE", "SETTLE", "Batch", "Kind", "Owner", "Pipe", "Queued",
            "TakenSlots", "fail", "forget", "live"]
 
@@ -94,7 +96,8 @@ class Owner(Protocol):
     """What a pipe hands its replies and its loss to (the pipeline)."""
 
     scripts: tuple[bytes, ...]
-    """The ``SCRIPT LOAD`` commands sent again on NOSCRIPT."""
+    """The ``FUNCTION LOAD`` and ``SCRIPT LOAD`` commands sent again on NOSCRIPT (or a
+    missing function)."""
 
     def answer(self, entry: Queued, reply: Any) -> None: ...
 
@@ -207,10 +210,13 @@ _PUSH = hiredis.PushNotification
 
 
 def _error(reply: redis_errors.ResponseError) -> redis_errors.ResponseError:
-    """The redis-py error class for an error reply (NOSCRIPT, READONLY …)."""
+    """The redis-py error class for an error reply (NOSCRIPT or a missing function,
+    READONLY …)."""
     text = str(reply)
-    if text.startswith("NOSCRIPT"):
-        return redis_errors.NoScriptError(text)
+    if text.startswith("NOSCRIPT") or function_missing(reply):
+        return redis_errors.NoScriptError(text)  # a flushed or restarted server
+    if server_lacks_functions(reply):
+        return too_old(reply)
     if text.startswith("READONLY"):
         return redis_errors.ReadOnlyError(text)
     return reply

@@ -38,7 +38,8 @@ class Pipeline:
     """Queues packed commands and writes each tick's batch on the shared connection.
 
     ``abandon`` receives the slots of an admitted decision whose caller stopped waiting
-    before its reply came; ``scripts`` are the ``SCRIPT LOAD`` commands sent on NOSCRIPT.
+    before its reply came; ``scripts`` are the ``FUNCTION LOAD`` and ``SCRIPT LOAD``
+    commands sent on NOSCRIPT (or a missing function).
     After ``close()`` it may be used again: it connects anew (and must be closed again).
     """
 

@@ -1,4 +1,4 @@
-"""Redis storage: one EVALSHA per request, decided on the Redis server's clock."""
+"""Redis storage: one FCALL per request, decided on the Redis server's clock."""
 
 from __future__ import annotations
 
@@ -27,19 +27,21 @@ from .base import (
 )
 from .eviction import warn_if_evicting
 from .faults import CONNECTION_LOST, REDIS_FAILURES, cause
+from .functions import FunctionCall, server_lacks_functions, too_old
 from .inflight import DECIDE, RELEASE, SETTLE, Kind, TakenSlots
 from .keys import check_prefix, counter_suffix, glob_escape, identity_tag, redis_key
 from .lease_ids import new_lease_id
 from .pipe import Pipeline
 from .pool import answer_within
 from .renewals import renew_leases
-from .scripts import decide_script_source, lua_source, settle_script_source
+from .scripts import decide_library, decide_script_source, lua_source, settle_script_source
 from .settlements import settle_adjustments, settlement_groups
 from .usage_reads import read_usage
 from .warmup import WARM_CONNECTIONS, pack_command, probe_commands, warm_client, warm_cluster
 from .wire import (
     PackedHits,
-    algorithm_arg,
+    hit_arg,
+    pack_function_load,
     pack_hits,
     pack_release,
     pack_script_load,
@@ -57,14 +59,14 @@ _CACHED = 4096  # packed hit lists and tags kept per storage (then forgotten at 
 class RedisStorage(Storage):
     """Counters in Redis, shared by every process that uses the same server.
 
-    Each decision is one ``EVALSHA`` (reloaded on ``NOSCRIPT``), whatever the number
+    Each decision is one ``FCALL`` (its library reloaded when missing), whatever the number
     of limits; time comes from Redis's ``TIME``, so app servers with skewed clocks
     agree. All keys of one identity share a hash slot, so it runs on Redis Cluster.
     Errors are raised as ``StorageError``; what to do then is the caller's policy.
     """
 
-    __slots__ = ("_client", "_clock", "_cold", "_encode", "_owns_client", "_packed_hits",
-                 "_pipeline", "_renew_script", "_script", "_settle_script", "_socket_timeout",
+    __slots__ = ("_client", "_clock", "_cold", "_decide", "_encode", "_owns_client", "_packed_hits",
+                 "_pipeline", "_renew_script", "_settle_script", "_socket_timeout",
                  "_tags", "_usage_args", "connect_timeout", "pipeline", "prefix", "retention",
                  "timeout")
 
@@ -107,14 +109,14 @@ class RedisStorage(Storage):
         # Set by the tests alone: a clock (epoch seconds) that decides instead of Redis's
         # TIME, so that memory and Redis can run on one simulated time.
         self._clock: Callable[[], float] | None = None
-        script = decide_script_source()
-        self._script: AsyncScript = client.register_script(script)
+        library = decide_library()
+        self._decide = FunctionCall(client, library)
         self._renew_script: AsyncScript = client.register_script(lua_source("renew"))
         settle_script = settle_script_source()
         self._settle_script: AsyncScript = client.register_script(settle_script)
         # Pipelined decisions, give-backs and settlements share one connection of their own.
         self._pipeline = Pipeline(
-            client, (pack_script_load(script), pack_script_load(settle_script)),
+            client, (pack_function_load(library.source), pack_script_load(settle_script)),
             self._abandon) if self.pipeline else None
         # Keys packed by hand are encoded as redis-py would (the client's encoding).
         self._encode: Callable[[str], bytes] = (
@@ -188,12 +190,8 @@ class RedisStorage(Storage):
                 keys = [redis_key(self.prefix, key, hit.scope, hit.limit.uid) for hit in hits]
                 if usage and not keys:
                     keys.append(f"{tag}u:")  # a key to route by (see decide.lua)
-                args: list[str | int] = [clock, lease_id, spec]
-                for hit in hits:
-                    limit = hit.limit
-                    args += (algorithm_arg(limit), limit.amount, limit.period_us,
-                             limit.capacity, hit.cost)
-                reply = await answer_within(self._script(keys=keys, args=args), wait)
+                args = [clock, lease_id, spec, *map(hit_arg, hits)]
+                reply = await answer_within(self._decide(keys=keys, args=args), wait)
         except REDIS_FAILURES as exc:
             if isinstance(exc, CONNECTION_LOST):
                 self._cold = True
@@ -248,11 +246,11 @@ class RedisStorage(Storage):
         """What the decisions of ``hits`` share on the wire. A limit set's merged hits (never
         changed, so known by identity) skip hashing every hit again."""
         if type(hits) is not MergedHits:
-            return pack_hits(self._script.sha, tuple(hits), usage)
+            return pack_hits(self._decide.library.function, tuple(hits), usage)
         cached = self._packed_hits.get(id(hits))
         if cached is not None and cached[0] is hits and cached[1] is usage:
             return cached[2]
-        packed = pack_hits(self._script.sha, hits, usage)
+        packed = pack_hits(self._decide.library.function, hits, usage)
         if len(self._packed_hits) >= _CACHED:
             self._packed_hits.clear()
         self._packed_hits[id(hits)] = (hits, usage, packed)  # holds hits: its id stays its own
@@ -421,21 +419,26 @@ class RedisStorage(Storage):
         that changes nothing (a missing ACL permission shows now), open connections,
         and warn if Redis may evict our keys (``eviction``); a failure raises
         ``StorageError`` from its cause."""
-        scripts = [decide_script_source(), lua_source("renew"), settle_script_source()]
-        probes = probe_commands(self._script.sha, f"{identity_tag(self.prefix, '')}probe")
+        library = self._decide.library.source
+        scripts = [lua_source("renew"), settle_script_source()]
+        probes = probe_commands(self._decide.library.function, self._settle_script.sha,
+                                f"{identity_tag(self.prefix, '')}probe")
         try:
             if isinstance(self._client, RedisCluster):
-                await warm_cluster(self._client, scripts, probes, WARM_CONNECTIONS)
+                await warm_cluster(self._client, library, scripts, probes, WARM_CONNECTIONS)
             elif self._pipeline is not None:
                 # The pipelined connection carries the decisions: set it up, and load
-                # the scripts and probe through it.
+                # the library and scripts and probe through it.
+                await self._queue(DECIDE, pack_function_load(library), math.inf)
                 for script in scripts:
                     await self._queue(DECIDE, pack_script_load(script), math.inf)
                 for probe in probes:
                     await self._queue(DECIDE, pack_command(*probe), math.inf)
             else:
-                await warm_client(self._client, scripts, probes, WARM_CONNECTIONS)
+                await warm_client(self._client, library, scripts, probes, WARM_CONNECTIONS)
         except REDIS_FAILURES as exc:
+            if server_lacks_functions(exc):
+                exc = too_old(exc)
             msg = f"redis is not ready: {cause(exc)}"
             raise StorageError(msg) from exc
         self._cold = False

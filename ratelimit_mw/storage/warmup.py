@@ -26,7 +26,7 @@ WARM_CONNECTIONS = 32
 that take one from a pool; a burst beyond them opens more as it goes."""
 
 
-_ANY_NODE = ("EVALSHA", "TIME")  # probes that name no key: run on every primary
+_ANY_NODE = ("FCALL", "EVALSHA", "TIME")  # probes that name no key: run on every primary
 
 
 def pack_command(*args: bytes) -> bytes:
@@ -34,20 +34,24 @@ def pack_command(*args: bytes) -> bytes:
     return b"*%d\r\n%b" % (len(args), b"".join(bulk(arg) for arg in args))
 
 
-def probe_commands(decide_sha: str, probe_key: str) -> list[tuple[bytes, ...]]:
+def probe_commands(decide: str, settle_sha: str, probe_key: str) -> list[tuple[bytes, ...]]:
     """Commands the library runs, each in a form that changes nothing, so that a user
     without the ACL permission for one is told at start-up (``NOPERM``): a decision of
-    no limits (``EVALSHA``, which reads ``TIME``), a slot given back (``ZREM``), a
+    no limits (``FCALL``, which reads ``TIME``), a settlement of nothing (``EVALSHA``),
+    a slot given back (``ZREM``), a
     usage read (``MGET``), a reset (``SCAN``, ``UNLINK``), all on a key no one uses."""
     key = probe_key.encode()
-    return [(b"EVALSHA", decide_sha.encode(), b"0", b"", b"", b""), (b"TIME",),
+    return [(b"FCALL", decide.encode(), b"0", b"", b"", b""),
+            (b"EVALSHA", settle_sha.encode(), b"0", b""), (b"TIME",),
             (b"ZREM", key, b"-"), (b"MGET", key), (b"UNLINK", key),
             (b"SCAN", b"0", b"MATCH", key, b"COUNT", b"1")]
 
 
-async def warm_client(client: Redis, scripts: Sequence[str], probes: list[tuple[bytes, ...]],
-                      connections: int) -> None:
-    """Load ``scripts`` on one server, run the ``probes`` and open ``connections``."""
+async def warm_client(client: Redis, library: str, scripts: Sequence[str],
+                      probes: list[tuple[bytes, ...]], connections: int) -> None:
+    """Load ``library`` (Redis Functions) and ``scripts`` on one server, run the
+    ``probes`` and open ``connections``."""
+    await client.function_load(library, replace=True)
     for script in scripts:
         await client.script_load(script)
     for probe in probes:
@@ -55,15 +59,17 @@ async def warm_client(client: Redis, scripts: Sequence[str], probes: list[tuple[
     await _concurrently(connections, lambda: client.ping())
 
 
-async def warm_cluster(client: RedisCluster, scripts: Sequence[str],
+async def warm_cluster(client: RedisCluster, library: str, scripts: Sequence[str],
                        probes: list[tuple[bytes, ...]], connections: int) -> None:
-    """Learn the slot map, then on every primary load ``scripts``, run the probes that
+    """Learn the slot map, then on every primary load ``library`` and ``scripts``, run
+    the probes that
     name no key and open ``connections``; the probes that name a key go where it
     lives."""
     await client.initialize()
     # The cluster client routes by the command's name, which it reads as text.
     commands = [tuple(arg.decode() for arg in probe) for probe in probes]
     for node in client.get_primaries():
+        await client.execute_command("FUNCTION LOAD", "REPLACE", library, target_nodes=node)
         for script in scripts:
             await client.execute_command("SCRIPT LOAD", script, target_nodes=node)
         for command in commands:

@@ -1,6 +1,6 @@
 """Commands packed by hand.
 
-A decision's ``EVALSHA`` is mostly the same bytes from one request to the next: the
+A decision's ``FCALL`` is mostly the same bytes from one request to the next: the
 limits of its limit set. They are packed once per list of hits (``pack_hits``); a
 request only joins them to what changes, its identity's keys, a lease id and the usage
 spec, without redis-py encoding every argument again. ``pipe`` writes them.
@@ -21,6 +21,8 @@ __all__ = [
     "algorithm_arg",
     "bulk",
     "history_unit",
+    "hit_arg",
+    "pack_function_load",
     "pack_hits",
     "pack_release",
     "pack_script_load",
@@ -36,15 +38,15 @@ def bulk(value: bytes) -> bytes:
 
 
 class PackedHits(NamedTuple):
-    """The ``EVALSHA`` of one list of hits, but for the identity's keys and the first
+    """The ``FCALL`` of one list of hits, but for the identity's keys and the first
     arguments."""
 
     head: bytes
-    """Argument count, ``EVALSHA``, the script's digest and the number of keys."""
+    """Argument count, ``FCALL``, the function's name and the number of keys."""
     keys: tuple[bytes, ...]
     """Each key's end, after the identity's tag."""
     tail: bytes
-    """Five arguments per hit: algorithm, amount, period, capacity, cost."""
+    """One argument per hit: ``algorithm amount period capacity cost``."""
     slots: tuple[tuple[str, str], ...]
     """``(scope, uid)`` of each hit that takes a concurrency slot."""
     packed_keys: dict[bytes, bytes]
@@ -71,19 +73,15 @@ _PACKED_KEYS = 1024
 
 
 @lru_cache(maxsize=512)
-def pack_hits(sha: str, hits: tuple[Hit, ...], usage: bool) -> PackedHits:
-    """Pack what the decisions of one list of hits share (with usage counted, or not)."""
+def pack_hits(function: str, hits: tuple[Hit, ...], usage: bool) -> PackedHits:
+    """Pack what the decisions of one list of hits share (with usage counted, or not),
+    calling the decision's ``function``."""
     keys = [counter_suffix(hit.scope, hit.limit.uid).encode() for hit in hits]
     if usage and not keys:
         keys.append(b"u:")  # a key to route by (see decide.lua)
-    tail = b"".join(
-        bulk(str(value).encode())
-        for hit in hits
-        for value in (algorithm_arg(hit.limit), hit.limit.amount, hit.limit.period_us,
-                      hit.limit.capacity, hit.cost)
-    )
-    count = 3 + len(keys) + 3 + 5 * len(hits)
-    head = b"*%d\r\n%b%b%b" % (count, bulk(b"EVALSHA"), bulk(sha.encode()),
+    tail = b"".join(bulk(hit_arg(hit).encode()) for hit in hits)
+    count = 3 + len(keys) + 3 + len(hits)
+    head = b"*%d\r\n%b%b%b" % (count, bulk(b"FCALL"), bulk(function.encode()),
                               bulk(b"%d" % len(keys)))
     return PackedHits(head, tuple(keys), tail, slots_taken(hits), {},
                       spends_arg(hits).encode() if usage else b"")
@@ -92,6 +90,14 @@ def pack_hits(sha: str, hits: tuple[Hit, ...], usage: bool) -> PackedHits:
 def spends_arg(hits: Sequence[Hit]) -> str:
     """The end of decide.lua's usage argument: ``;unit=amount`` per other unit spent."""
     return "".join(f";{unit}={amount}" for unit, amount in spends(hits))
+
+
+def hit_arg(hit: Hit) -> str:
+    """decide.lua's argument for ``hit``: ``algorithm amount period capacity cost``, one
+    string, so that the script parses it once (see hits.lua)."""
+    limit = hit.limit
+    return (f"{algorithm_arg(limit)} {limit.amount} {limit.period_us} {limit.capacity} "
+            f"{hit.cost}")
 
 
 def algorithm_arg(limit: Limit) -> str:
@@ -111,6 +117,11 @@ def slots_taken(hits: Sequence[Hit]) -> tuple[tuple[str, str], ...]:
 def pack_script_load(script: str) -> bytes:
     """``SCRIPT LOAD script``."""
     return b"*3\r\n$6\r\nSCRIPT\r\n$4\r\nLOAD\r\n%b" % bulk(script.encode())
+
+
+def pack_function_load(library: str) -> bytes:
+    """``FUNCTION LOAD REPLACE library``."""
+    return b"*4\r\n$8\r\nFUNCTION\r\n$4\r\nLOAD\r\n$7\r\nREPLACE\r\n%b" % bulk(library.encode())
 
 
 def pack_release(key: bytes, lease: bytes) -> bytes:

@@ -86,15 +86,18 @@ async def test_concurrent_decisions_on_every_node_are_exact(
     assert admitted == dict.fromkeys(identities, 100)
 
 
+@pytest.mark.parametrize("flush", ["FUNCTION", "SCRIPT"])
 async def test_noscript_on_fresh_nodes_reloads_the_script(
-    storage: RedisStorage, redis_cluster: ClusterDeployment,
+    storage: RedisStorage, redis_cluster: ClusterDeployment, flush: str,
 ) -> None:
-    """After SCRIPT FLUSH on every node (a restart, a new node) decisions go on, exactly."""
+    """After FUNCTION FLUSH or SCRIPT FLUSH on every node (a restart, a new node)
+    decisions go on, exactly."""
     hit = Hit(Limit("3/minute", "sliding_log"))
-    assert (await storage.decide("flushed", [hit])).allowed
+    assert (await storage.decide(f"flushed-{flush}", [hit])).allowed
     for node in redis_cluster.nodes:
-        node.call("SCRIPT", "FLUSH")
-    remaining = [(await storage.decide("flushed", [hit])).decisions[0].remaining for _ in range(3)]
+        node.call(flush, "FLUSH")
+    remaining = [(await storage.decide(f"flushed-{flush}", [hit])).decisions[0].remaining
+                 for _ in range(3)]
     assert remaining == [1, 0, 0]
 
 

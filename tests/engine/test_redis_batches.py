@@ -198,15 +198,17 @@ async def test_the_guard_bound_holds_on_a_frozen_redis() -> None:
             await storage.close()
 
 
+@pytest.mark.parametrize("flush", ["FUNCTION", "SCRIPT"])
 async def test_a_lone_decision_reloads_the_script(
-    own_redis_url: str, redis_prefix: str,
+    own_redis_url: str, redis_prefix: str, flush: str,
 ) -> None:
-    """NOSCRIPT on a batch of one (a restarted Redis) loads the script and decides."""
+    """A missing function on a batch of one (a restarted Redis) loads the library and
+    decides."""
     storage = RedisStorage.from_url(own_redis_url, prefix=redis_prefix)
     raw = aioredis.Redis.from_url(own_redis_url)
     try:
         await storage.decide("k", [HIT])
-        await raw.script_flush()
+        await raw.execute_command(flush, "FLUSH")
         verdict = await storage.decide("k", [HIT])
         assert verdict.decisions[0].remaining == 98
     finally:
@@ -526,7 +528,7 @@ async def test_a_shorter_deadline_in_a_later_batch_still_holds() -> None:
 def test_a_packed_decision_is_the_command_redis_py_would_send(
     usage: bool, limited: bool,
 ) -> None:
-    """The hand-packed EVALSHA is byte for byte what redis-py packs for the same
+    """The hand-packed FCALL is byte for byte what redis-py packs for the same
     arguments, for a new identity and for one whose keys were packed before (the
     usage buckets' prefix is a key only when there is no counter to route by)."""
     from redis.connection import Connection as SyncConnection  # never connected: packs
@@ -537,19 +539,18 @@ def test_a_packed_decision_is_the_command_redis_py_would_send(
     hits = (Hit(Limit("10/minute", "token_bucket", burst=20)),
             Hit(Limit("1000/day", "fixed_window"), 3, "route:/x"),
             Hit(Limit.concurrency(2))) if limited else ()
-    packed = wire.pack_hits("f" * 40, hits, usage)
+    packed = wire.pack_hits("ratelimit_mw_decide_f", hits, usage)
     encoder = SyncConnection()
     for tag, lease in [(b"rl:{ip:10.0.0.1}:", b"lease-1"), (b"rl:{ip:10.0.0.1}:", b"lease-2"),
                        (b"rl:{key:\xc3\xa9}:", b"")]:
         keys = [tag + counter_suffix(hit.scope, hit.limit.uid).encode() for hit in hits]
         if usage and not hits:
             keys.append(tag + b"u:")
-        args = [str(value).encode() for hit in hits for value in (
-            hit.limit.algorithm, hit.limit.amount, hit.limit.period_us, hit.limit.capacity,
-            hit.cost)]
+        args = [f"{hit.limit.algorithm} {hit.limit.amount} {hit.limit.period_us} "
+                f"{hit.limit.capacity} {hit.cost}".encode() for hit in hits]
         spec = b"168,90" if usage else b""
         expected = b"".join(encoder.pack_command(
-            "EVALSHA", "f" * 40, len(keys), *keys, b"", lease, spec, *args))
+            "FCALL", "ratelimit_mw_decide_f", len(keys), *keys, b"", lease, spec, *args))
         assert packed.command(tag, b"", lease, spec) == expected
 
 
@@ -651,13 +652,29 @@ async def test_a_resp3_false_reply_keeps_the_replies_in_order() -> None:
 
 
 async def test_a_script_that_cannot_be_loaded_says_why() -> None:
-    """NOSCRIPT, then SCRIPT LOAD refused: the decision fails with the load's error,
-    not with a bare NOSCRIPT."""
-    async with scripted_redis(b"-NOSCRIPT No matching script\r\n",
-                              SCRIPT=b"-NOPERM this user has no permissions\r\n") as (url, _):
+    """A missing function, then FUNCTION LOAD refused: the decision fails with the
+    load's error, not with a bare "Function not found"."""
+    async with scripted_redis(b"-ERR Function not found\r\n",
+                              FUNCTION=b"-NOPERM this user has no permissions\r\n",
+                              SCRIPT=b"$40\r\n" + b"f" * 40 + b"\r\n") as (url, _):
         storage = RedisStorage.from_url(url, timeout=1.0)
         try:
             with pytest.raises(StorageError, match="NOPERM"):
+                await storage.decide("k", [HIT])
+        finally:
+            await storage.close()
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+async def test_a_server_without_functions_is_told_the_version_it_needs(pipeline: bool) -> None:
+    """Before Redis 7.0 there is no FCALL: the error says which server would do."""
+    async with scripted_redis(b"-ERR unknown command 'FCALL', with args beginning with: \r\n",
+                              FUNCTION=b"-ERR unknown command 'FUNCTION', with args beginning "
+                                       b"with: 'LOAD' \r\n") as (url, _):
+        storage = RedisStorage(aioredis.Redis.from_url(url), owns_client=True, timeout=1.0,
+                               pipeline=pipeline)
+        try:
+            with pytest.raises(StorageError, match=r"needs Redis 7\.0"):
                 await storage.decide("k", [HIT])
         finally:
             await storage.close()

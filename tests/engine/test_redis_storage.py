@@ -61,8 +61,8 @@ def three_limits() -> list[Hit]:
 async def test_one_command_per_decision_with_three_limits(
     storage: RedisStorage, raw: aioredis.Redis, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Three limits cost one EVALSHA each decision, counted on the wire and by Redis."""
-    await storage.decide("warm", three_limits())  # loads the script once
+    """Three limits cost one FCALL each decision, counted on the wire and by Redis."""
+    await storage.decide("warm", three_limits())  # loads the library once
     sent: list[bytes] = []
     original = inflight.Pipe.write
 
@@ -77,8 +77,8 @@ async def test_one_command_per_decision_with_three_limits(
         await storage.decide(f"user-{i % 5}", three_limits())
     monkeypatch.undo()
     after = await raw.info("commandstats")
-    assert sent == [b"EVALSHA"] * 50
-    assert after["cmdstat_evalsha"]["calls"] - before["cmdstat_evalsha"]["calls"] >= 50
+    assert sent == [b"FCALL"] * 50
+    assert after["cmdstat_fcall"]["calls"] - before["cmdstat_fcall"]["calls"] >= 50
 
 
 def _names(packed: bytes) -> list[bytes]:
@@ -139,7 +139,7 @@ async def test_the_commands_a_decision_runs_inside_redis() -> None:
     """What the script asks of Redis, counted on a server of the test's own (on
     simulated time, so without TIME): a window sets its key's time to live once per
     window, and a caller with no request in flight costs its concurrency limit one
-    lookup, not two."""
+    lookup, not two, and no clearing out of ended leases."""
     server = RedisServer()
     server.start()
     clock = FakeClock(1_800_000_000.0 - 1_800_000_000 % 60)
@@ -161,19 +161,18 @@ async def test_the_commands_a_decision_runs_inside_redis() -> None:
             clock.advance(1)
         stats = await raw.info("commandstats")
         return {name.removeprefix("cmdstat_"): stat["calls"] for name, stat in stats.items()
-                if name not in ("cmdstat_evalsha", "cmdstat_config|resetstat", "cmdstat_zrem")}
+                if name not in ("cmdstat_fcall", "cmdstat_config|resetstat", "cmdstat_zrem")}
 
     try:
         warm = await storage.decide("warm-up", hits)  # connects and loads the script
         await storage.release(warm.leases)
         first = await commands(True)  # every key new: each gets its time to live
-        assert first == {"hmget": 3, "zrange": 1, "hset": 3, "pexpire": 4,
-                         "zremrangebyscore": 1, "zadd": 1}
+        assert first == {"hmget": 3, "zrange": 1, "hset": 3, "pexpire": 4, "zadd": 1}
         idle = await commands(True, True)  # the same windows, nothing in flight
-        assert idle == {"hmget": 6, "zrange": 2, "hset": 6, "pexpire": 4,
-                        "zremrangebyscore": 2, "zadd": 2}
+        assert idle == {"hmget": 6, "zrange": 2, "hset": 6, "pexpire": 4, "zadd": 2}
         busy = await commands(False, False)  # the first slot still held at the second
         assert busy["zcount"] == 1 and busy["zrange"] == 2 and busy["pexpire"] == 4
+        assert busy["zremrangebyscore"] == 1  # the second finds a lease to clear out
     finally:
         await storage.close()
         await raw.aclose()
@@ -320,14 +319,16 @@ async def test_decides_on_the_redis_clock(
     assert verdict.at is not None and abs(verdict.at - redis_now) < 0.5
 
 
+@pytest.mark.parametrize("flush", ["FUNCTION", "SCRIPT"])
 async def test_reloads_the_script_after_a_flush(
-    on_own_redis: tuple[RedisStorage, aioredis.Redis],
+    on_own_redis: tuple[RedisStorage, aioredis.Redis], flush: str,
 ) -> None:
-    """After SCRIPT FLUSH (a restart, a failover) the script is loaded again transparently."""
+    """After FUNCTION FLUSH or SCRIPT FLUSH (a restart, a failover) the library and
+    scripts are loaded again transparently."""
     storage, raw = on_own_redis
     hit = Hit(Limit("2/minute"))
     assert (await storage.decide("flush", [hit])).allowed
-    await raw.script_flush()
+    await raw.execute_command(flush, "FLUSH")
     assert (await storage.decide("flush", [hit])).allowed
     assert not (await storage.decide("flush", [hit])).allowed
 
@@ -469,14 +470,16 @@ async def test_concurrent_decisions_share_one_pipeline(
         assert remaining == [0] * 6 + [1, 2, 3, 4]  # 5 admitted (4..0), then 5 denied (0)
 
 
+@pytest.mark.parametrize("flush", ["FUNCTION", "SCRIPT"])
 async def test_a_pipeline_reloads_the_script_after_a_flush(
-    on_own_redis: tuple[RedisStorage, aioredis.Redis],
+    on_own_redis: tuple[RedisStorage, aioredis.Redis], flush: str,
 ) -> None:
-    """NOSCRIPT inside a pipeline loads the script again; every decision still counts."""
+    """A missing function (or NOSCRIPT) inside a pipeline loads the library and scripts
+    again; every decision still counts."""
     storage, raw = on_own_redis
     hit = Hit(Limit("3/minute", "sliding_log"))
     await storage.decide("warm", [hit])
-    await raw.script_flush()
+    await raw.execute_command(flush, "FLUSH")
     verdicts = await asyncio.gather(*(storage.decide("reload", [hit]) for _ in range(10)))
     assert sum(v.allowed for v in verdicts) == 3
 

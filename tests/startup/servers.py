@@ -34,7 +34,7 @@ __all__ = ["LACKING", "PASSWORD", "USER_PASSWORD", "TLSRedis", "cluster_replica"
 PASSWORD = "s3cret-pw"
 USER_PASSWORD = "user-pw"
 # ACL users of locked_redis: each may run everything but the one command it is named for.
-LACKING = ("evalsha", "zrem", "script")
+LACKING = ("fcall", "function", "evalsha", "zrem", "script")
 
 
 class _LockedProcess(RedisProcess):

@@ -5,7 +5,6 @@ and a storage that is down still fails open at once."""
 
 from __future__ import annotations
 
-import hashlib
 import time
 
 import httpx
@@ -13,7 +12,7 @@ import pytest
 
 from ratelimit_mw.events import DecisionEvent
 from ratelimit_mw.middleware import RateLimitMiddleware
-from ratelimit_mw.storage.redis import decide_script_source
+from ratelimit_mw.storage.scripts import decide_library
 from ratelimit_mw.storage.warmup import WARM_CONNECTIONS
 from tests.conftest import free_port
 from tests.redis_servers import ClusterDeployment, RedisProcess, SentinelDeployment, delayed
@@ -22,7 +21,11 @@ from tests.startup.servers import lifespan
 
 pytestmark = pytest.mark.redis
 
-SHA = hashlib.sha1(decide_script_source().encode()).hexdigest()
+LIBRARY = decide_library().name
+
+
+def _has_library(node: RedisProcess) -> bool:
+    return bool(node.call("FUNCTION", "LIST", "LIBRARYNAME", LIBRARY))
 
 
 def _clients(node: RedisProcess) -> int:
@@ -41,15 +44,15 @@ async def _get(app: RateLimitMiddleware, events: list[DecisionEvent]) -> tuple[i
 async def test_cluster_start_up_loads_every_primary_and_opens_connections(
     redis_cluster: ClusterDeployment, app_on: AppFactory, events: list[DecisionEvent],
 ) -> None:
-    """After start-up every primary has the script and connections of ours, and the
+    """After start-up every primary has the library and connections of ours, and the
     first request is decided by the cluster."""
     for node in redis_cluster.nodes:
-        node.call("SCRIPT", "FLUSH")  # a throwaway cluster of this session's own
+        node.call("FUNCTION", "FLUSH")  # a throwaway cluster of this session's own
     before = [_clients(node) for node in redis_cluster.nodes]
     app = app_on(redis_cluster.url)
     async with lifespan(app) as answer:
         assert answer["type"] == "lifespan.startup.complete"
-        assert [node.call("SCRIPT", "EXISTS", SHA) for node in redis_cluster.nodes] == [[1]] * 3
+        assert all(_has_library(node) for node in redis_cluster.nodes)
         opened = [_clients(node) - count for node, count in zip(redis_cluster.nodes, before,
                                                                 strict=True)]
         assert min(opened) >= WARM_CONNECTIONS, opened
@@ -60,15 +63,15 @@ async def test_cluster_start_up_loads_every_primary_and_opens_connections(
 async def test_sentinel_start_up_finds_the_primary_and_loads_it(
     redis_sentinel: SentinelDeployment, app_on: AppFactory, events: list[DecisionEvent],
 ) -> None:
-    """After start-up the primary Sentinel names has the script and a connection of ours."""
+    """After start-up the primary Sentinel names has the library and a connection of ours."""
     redis_sentinel.wait_until_ready()
     primary = redis_sentinel.current_primary()
-    primary.call("SCRIPT", "FLUSH")
+    primary.call("FUNCTION", "FLUSH")
     before = _clients(primary)
     app = app_on(redis_sentinel.url)
     async with lifespan(app) as answer:
         assert answer["type"] == "lifespan.startup.complete"
-        assert primary.call("SCRIPT", "EXISTS", SHA) == [1]
+        assert _has_library(primary)
         assert _clients(primary) > before
         assert await _get(app, events) == (200, "storage")
 

@@ -25,9 +25,13 @@ local function days_from_civil(year, month, day)
   return era * 146097 + yoe * 365 + idiv(yoe, 4) - idiv(yoe, 100) + doy - 719468
 end
 
--- The month of t: its first and its end, in microseconds.
+-- The month of t: its first and its end, in microseconds. The last day's answer is
+-- remembered (in a Redis Function library, from call to call).
+local cm_day, cm_start, cm_finish
+
 local function cm_bounds(t)
   local days = idiv(t, DAY_US)
+  if days == cm_day then return cm_start, cm_finish end
   local year, month, day = civil_from_days(days)
   local start = days - day + 1
   local finish
@@ -36,7 +40,8 @@ local function cm_bounds(t)
   else
     finish = days_from_civil(year, month + 1, 1)
   end
-  return start * DAY_US, finish * DAY_US
+  cm_day, cm_start, cm_finish = days, start * DAY_US, finish * DAY_US
+  return cm_start, cm_finish
 end
 
 ALGORITHMS.calendar_month = function(key, now, amount, period, capacity, cost)

@@ -24,7 +24,8 @@ ALGORITHMS.concurrency = function(key, now, amount, period, capacity, cost)
     return true, capacity - in_flight, reset, 0
   end
   return true, capacity - in_flight - cost, math.max(reset, period), 0, function(ttl_ms)
-    redis.call("ZREMRANGEBYSCORE", key, "-inf", fmt(now))
+    -- Ended leases go; an empty set (every slot given back: the common case) has none.
+    if latest[2] then redis.call("ZREMRANGEBYSCORE", key, "-inf", fmt(now)) end
     redis.call("ZADD", key, fmt(now + period), LEASE)
     redis.call("PEXPIRE", key, ttl_ms)
   end

@@ -8,8 +8,7 @@
 -- differential tests drive Redis on simulated time); ARGV[2] the lease id a
 -- concurrency hit takes; ARGV[3] the usage "hours,days,units" (then ";unit=amount" per
 -- other unit the request spends) or empty (no usage);
--- then five values per hit: algorithm ("gcra+<us>" for a shaped limit, whose admitted
--- requests may wait that long for their turn), amount, period, capacity, cost.
+-- then one argument per hit (see hits.lua): "algorithm amount period capacity cost".
 -- Nothing is written unless every hit admits.
 -- Reply: {all admitted (1/0), now, then per hit: admitted (1/0), remaining, reset, retry
 -- (for an admitted shaped hit: its wait)}.
@@ -20,43 +19,37 @@ if ARGV[1] ~= "" then
   now = tonumber(ARGV[1])
 else
   local t = redis.call("TIME")
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = num(t[1]) * 1000000 + tonumber(t[2])
 end
 LEASE = ARGV[2]
 
-local n = (#ARGV - 3) / 5
+local n = #ARGV - 3
 local steps = {}
 local admitted = true
 for i = 1, n do
-  local j = 4 + (i - 1) * 5
-  local algorithm, delay = ALGORITHMS[ARGV[j]], 0
-  if not algorithm then  -- a shaped limit: "gcra+<its longest wait in microseconds>"
-    local name, held = string.match(ARGV[j], "^(.-)%+(%d+)$")
-    algorithm, delay = ALGORITHMS[name], tonumber(held)
-  end
-  local amount, period = tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
-  local capacity, cost = tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4])
+  local hit = parse_hit(ARGV[3 + i])
   local allowed, remaining, reset, retry, commit =
-    algorithm(KEYS[i], now, amount, period, capacity, cost, delay)
+    hit[1](KEYS[i], now, hit[2], hit[3], hit[4], hit[5], hit[6])
   if not allowed then admitted = false end
-  steps[i] = {allowed, remaining, reset, retry, commit, algorithm, amount, period, capacity,
-    delay}
+  steps[i] = {allowed, remaining, reset, retry, commit, hit}
 end
 
-local reply = {admitted and 1 or 0, now}
+local reply, size = {admitted and 1 or 0, now}, 2
 for i = 1, n do
   local s = steps[i]
   if admitted then
     if s[5] then s[5](math.ceil(s[3] / 1000) + SLACK_MS) end
   elseif s[5] then
     -- Report what the admitted limits look like without this request's cost.
-    local allowed, remaining, reset, retry = s[6](KEYS[i], now, s[7], s[8], s[9], 0, s[10])
+    local h = s[6]
+    local allowed, remaining, reset, retry = h[1](KEYS[i], now, h[2], h[3], h[4], 0, h[6])
     s = {allowed, remaining, reset, retry}
   end
-  reply[#reply + 1] = s[1] and 1 or 0
-  reply[#reply + 1] = s[2]
-  reply[#reply + 1] = s[3]
-  reply[#reply + 1] = s[4]
+  reply[size + 1] = s[1] and 1 or 0
+  reply[size + 2] = s[2]
+  reply[size + 3] = s[3]
+  reply[size + 4] = s[4]
+  size = size + 4
 end
 
 if admitted and ARGV[3] ~= "" then
@@ -68,7 +61,7 @@ if admitted and ARGV[3] ~= "" then
   local hour, day = idiv(now, HOUR), idiv(now, DAY)
   local buckets = string.match(KEYS[1], "^[^}]*}:") .. "u:"
   local function count(series, units)
-    local hour_key, day_key = series .. "h:" .. fmt(hour), series .. "d:" .. fmt(day)
+    local hour_key, day_key = series .. "h:" .. text(hour), series .. "d:" .. text(day)
     -- A bucket's end of life is fixed when it is created: set it then, not per request.
     if redis.call("INCRBY", hour_key, units) == units then
       redis.call("PEXPIRE", hour_key, math.ceil(((hour + hours) * HOUR - now) / 1000))

@@ -3,9 +3,9 @@
 local function fw_in_window(key, now, start, finish, limit, cost)
   local count = 0
   local saved = redis.call("HMGET", key, "w", "c")
-  local opened = not (saved[1] and tonumber(saved[1]) == start)
+  local opened = num(saved[1]) ~= start
   if not opened then
-    count = tonumber(saved[2])
+    count = num(saved[2])
   end
   local reset = 0
   if count > 0 then reset = finish - now end
@@ -21,7 +21,7 @@ local function fw_in_window(key, now, start, finish, limit, cost)
     return true, limit - used, reset, 0
   end
   return true, limit - used, reset, 0, function(ttl_ms)
-    redis.call("HSET", key, "w", fmt(start), "c", fmt(used))
+    redis.call("HSET", key, "w", text(start), "c", text(used))
     -- The key lives to the end of its window: set once, when the window opens.
     if opened then redis.call("PEXPIRE", key, ttl_ms) end
   end

@@ -20,6 +20,40 @@ local function fmt(n)
   return string.format("%d", n)
 end
 
+-- Conversions of values that repeat from call to call (a window's start, a count, the
+-- clock's seconds): each done once and remembered, up to MEMO values, in a Redis
+-- Function library's memory (a script forgets them after each call).
+local MEMO = 4096
+local memo_numbers, memo_texts, memo_size = {}, {}, 0
+
+local function memo_room()
+  memo_size = memo_size + 1
+  if memo_size > MEMO then memo_numbers, memo_texts, memo_size = {}, {}, 1 end
+end
+
+-- tonumber(text), remembered.
+local function num(text)
+  if not text then return nil end
+  local n = memo_numbers[text]
+  if n == nil then
+    n = tonumber(text)
+    memo_room()
+    memo_numbers[text] = n
+  end
+  return n
+end
+
+-- fmt(n), remembered.
+local function text(n)
+  local t = memo_texts[n]
+  if t == nil then
+    t = string.format("%d", n)
+    memo_room()
+    memo_texts[n] = t
+  end
+  return t
+end
+
 local NEVER = -1
 local ALGORITHMS = {}
 local LEASE = ""  -- set by the driver: the id of the slot a concurrency hit takes

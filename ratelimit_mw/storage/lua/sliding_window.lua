@@ -2,10 +2,10 @@
 -- the floating-point expressions keep the Python order of operations, bit for bit.
 -- State: hash {w = window start, c = current count, p = previous count}.
 local function swc_counts(saved, start, period)
-  local w = tonumber(saved[1])
+  local w = num(saved[1])
   if not w then return 0, 0 end
-  if w == start then return tonumber(saved[2]), tonumber(saved[3]) end
-  if w == start - period then return 0, tonumber(saved[2]) end
+  if w == start then return num(saved[2]), num(saved[3]) end
+  if w == start - period then return 0, num(saved[2]) end
   return 0, 0
 end
 
@@ -74,8 +74,8 @@ ALGORITHMS.sliding_window = function(key, now, amount, period, capacity, cost)
     return true, math.floor(limit - used), reset, 0
   end
   return true, math.floor(limit - used - cost), start + 2 * period - now, 0, function(ttl_ms)
-    redis.call("HSET", key, "w", fmt(start), "c", fmt(current + cost), "p", fmt(previous))
+    redis.call("HSET", key, "w", text(start), "c", text(current + cost), "p", text(previous))
     -- The key lives to the end of the window after this one: set once per window.
-    if tonumber(saved[1]) ~= start then redis.call("PEXPIRE", key, ttl_ms) end
+    if num(saved[1]) ~= start then redis.call("PEXPIRE", key, ttl_ms) end
   end
 end

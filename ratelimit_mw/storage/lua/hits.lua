@@ -1,0 +1,28 @@
+-- units: time in microseconds, amounts in requests.
+-- A decision's hits, one argument each: "algorithm amount period capacity cost", the
+-- algorithm "gcra+<us>" for a shaped limit (whose admitted requests may wait that long
+-- for their turn). The same few come with every request, so each is parsed once and
+-- kept in the library (a Redis Function's upvalues outlive the call), up to HIT_CACHE
+-- of them; then the cache starts over.
+local HIT_CACHE = 4096
+local parsed_hits, parsed_count = {}, 0
+
+-- {algorithm function, amount, period, capacity, cost, longest wait} of one argument.
+local function parse_hit(arg)
+  local hit = parsed_hits[arg]
+  if hit then return hit end
+  local name, amount, period, capacity, cost =
+    string.match(arg, "^(%S+) (%d+) (%d+) (%d+) (%d+)$")
+  local algorithm, delay = ALGORITHMS[name], 0
+  if name and not algorithm then
+    local base, held = string.match(name, "^(.-)%+(%d+)$")
+    algorithm, delay = ALGORITHMS[base], tonumber(held)
+  end
+  if not algorithm then error("ratelimit_mw: not a hit: " .. arg) end
+  hit = {algorithm, tonumber(amount), tonumber(period), tonumber(capacity), tonumber(cost),
+    delay}
+  if parsed_count >= HIT_CACHE then parsed_hits, parsed_count = {}, 0 end
+  parsed_hits[arg] = hit
+  parsed_count = parsed_count + 1
+  return hit
+end
