@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import hiredis
@@ -16,7 +17,7 @@ from redis.asyncio.connection import AbstractConnection
 from .functions import function_missing, server_lacks_functions, too_old
 
 __all__ = ["DECIDE", "RELEASE", "SETTLE", "Batch", "Kind", "Owner", "Pipe", "Queued",
-           "TakenSlots", "fail", "forget", "live"]
+           "TakenSlots", "fail", "forget", "live", "mark_seen", "report_failure"]
 
 
 class Kind(NamedTuple):
@@ -239,3 +240,19 @@ def live(entries: list[Queued]) -> list[Queued]:
 def fail(future: asyncio.Future[Any], exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)
+
+
+def mark_seen(future: asyncio.Future[Any]) -> None:
+    """Mark a fire-and-forget command's error as seen (its slot frees with its lease)."""
+    if not future.cancelled():
+        future.exception()
+
+
+def report_failure(on_failure: Callable[[Sequence[Any], BaseException], None],
+                   holds: Sequence[Any], future: asyncio.Future[Any]) -> None:
+    """Hand a failed release's or settlement's error to ``on_failure``."""
+    if future.cancelled():
+        return
+    exc = future.exception()
+    if exc is not None:
+        on_failure(holds, exc)

@@ -9,7 +9,7 @@ from functools import partial
 from typing import Any, ClassVar
 
 from mypy_extensions import mypyc_attr
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
@@ -18,8 +18,6 @@ from ..errors import ConfigError, StorageError
 from ..limits import Hit, MergedHits, merge_hits
 from ..rates import MAX_AMOUNT
 from .base import (
-    DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_POOL_TIMEOUT,
     Granularity,
     Storage,
     UsageRetention,
@@ -28,16 +26,17 @@ from .base import (
 from .eviction import warn_if_evicting
 from .faults import CONNECTION_LOST, REDIS_FAILURES, cause
 from .functions import FunctionCall, server_lacks_functions, too_old
-from .inflight import DECIDE, RELEASE, SETTLE, Kind, TakenSlots
-from .keys import check_prefix, counter_suffix, glob_escape, identity_tag, redis_key
+from .inflight import DECIDE, RELEASE, SETTLE, Kind, TakenSlots, mark_seen, report_failure
+from .keys import check_prefix, counter_suffix, identity_tag, redis_key
 from .lease_ids import new_lease_id
 from .pipe import Pipeline
 from .pool import answer_within
 from .renewals import renew_leases
 from .scripts import decide_library, decide_script_source, lua_source, settle_script_source
 from .settlements import settle_adjustments, settlement_groups
+from .standalone import client_from_url, forget_identity
 from .usage_reads import read_usage
-from .warmup import WARM_CONNECTIONS, pack_command, probe_commands, warm_client, warm_cluster
+from .warmup import WARM_CONNECTIONS, probe_commands, warm_client, warm_cluster, warm_pipeline
 from .wire import (
     PackedHits,
     hit_arg,
@@ -136,15 +135,7 @@ class RedisStorage(Storage):
         (up to ``pool_timeout`` seconds, default 5) instead of failing. Other options
         go to redis-py.
         """
-        if timeout is not None:
-            options.setdefault("socket_timeout", timeout)
-        if connect_timeout is not None or timeout is not None:
-            options.setdefault("socket_connect_timeout", connect_timeout or timeout)
-        max_connections = options.pop("max_connections", None) or DEFAULT_MAX_CONNECTIONS
-        pool_timeout = options.pop("pool_timeout", DEFAULT_POOL_TIMEOUT)
-        pool = BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=pool_timeout, **options)
-        client = Redis.from_pool(pool)
+        client = client_from_url(url, timeout, connect_timeout, **options)
         return cls(client, prefix=prefix, owns_client=True, usage_retention=usage_retention,
                    timeout=timeout, connect_timeout=connect_timeout)
 
@@ -286,7 +277,7 @@ class RedisStorage(Storage):
         """Give back the slots of an admitted decision whose caller had given up."""
         key, taken, lease_id = slots
         for scope, uid in taken:
-            self._queue_release(Lease(key, scope, uid, lease_id)).add_done_callback(_mark_seen)
+            self._queue_release(Lease(key, scope, uid, lease_id)).add_done_callback(mark_seen)
 
     def _queue_release(self, lease: Lease) -> asyncio.Future[Any]:
         """The ZREM that gives ``lease``'s slot back, queued for the next flush."""
@@ -339,7 +330,7 @@ class RedisStorage(Storage):
             return False
         done = self._queue_releases(leases)
         self._pipeline.flush(done.get_loop())
-        done.add_done_callback(partial(_report_failure, on_failure, leases))
+        done.add_done_callback(partial(report_failure, on_failure, leases))
         return True
 
     settles: ClassVar[bool] = True
@@ -370,7 +361,7 @@ class RedisStorage(Storage):
             return False
         done = self._queue_settlements(adjustments)
         self._pipeline.flush(done.get_loop())
-        done.add_done_callback(partial(_report_failure, on_failure, adjustments))
+        done.add_done_callback(partial(report_failure, on_failure, adjustments))
         return True
 
     def _queue_settlements(self, adjustments: Sequence[Adjustment]) -> asyncio.Future[Any]:
@@ -393,19 +384,7 @@ class RedisStorage(Storage):
                                 self._bound(None), key, granularity, start, end, unit)
 
     async def reset(self, key: str) -> None:
-        pattern = glob_escape(identity_tag(self.prefix, key)) + "*"
-        try:
-            batch: list[Any] = []
-            async for name in self._client.scan_iter(match=pattern, count=500):
-                batch.append(name)
-                if len(batch) >= 500:
-                    await self._client.unlink(*batch)
-                    batch.clear()
-            if batch:
-                await self._client.unlink(*batch)
-        except REDIS_FAILURES as exc:
-            msg = f"redis could not reset {key!r}: {cause(exc)}"
-            raise StorageError(msg) from exc
+        await forget_identity(self._client, self.prefix, key)
 
     async def ping(self) -> bool:
         try:
@@ -427,13 +406,9 @@ class RedisStorage(Storage):
             if isinstance(self._client, RedisCluster):
                 await warm_cluster(self._client, library, scripts, probes, WARM_CONNECTIONS)
             elif self._pipeline is not None:
-                # The pipelined connection carries the decisions: set it up, and load
-                # the library and scripts and probe through it.
-                await self._queue(DECIDE, pack_function_load(library), math.inf)
-                for script in scripts:
-                    await self._queue(DECIDE, pack_script_load(script), math.inf)
-                for probe in probes:
-                    await self._queue(DECIDE, pack_command(*probe), math.inf)
+                # The pipelined connection carries the decisions: set it up through it.
+                await warm_pipeline(partial(self._queue, DECIDE, wait=math.inf), library,
+                                    scripts, probes)
             else:
                 await warm_client(self._client, library, scripts, probes, WARM_CONNECTIONS)
         except REDIS_FAILURES as exc:
@@ -451,19 +426,3 @@ class RedisStorage(Storage):
             await self._pipeline.close()
         if self._owns_client:
             await self._client.aclose()
-
-
-def _mark_seen(future: asyncio.Future[Any]) -> None:
-    """Mark a fire-and-forget command's error as seen (its slot frees with its lease)."""
-    if not future.cancelled():
-        future.exception()
-
-
-def _report_failure(on_failure: Callable[[Sequence[Any], BaseException], None],
-                    holds: Sequence[Hold], future: asyncio.Future[Any]) -> None:
-    """Hand a failed release's or settlement's error to ``on_failure``."""
-    if future.cancelled():
-        return
-    exc = future.exception()
-    if exc is not None:
-        on_failure(holds, exc)

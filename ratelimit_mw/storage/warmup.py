@@ -17,9 +17,10 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from .wire import bulk
+from .wire import bulk, pack_function_load, pack_script_load
 
-__all__ = ["WARM_CONNECTIONS", "pack_command", "probe_commands", "warm_client", "warm_cluster"]
+__all__ = ["WARM_CONNECTIONS", "pack_command", "probe_commands", "warm_client", "warm_cluster",
+           "warm_pipeline"]
 
 WARM_CONNECTIONS = 32
 """Connections opened at start-up per Redis server (Cluster: per primary) for the calls
@@ -57,6 +58,17 @@ async def warm_client(client: Redis, library: str, scripts: Sequence[str],
     for probe in probes:
         await client.execute_command(*probe)  # type: ignore[no-untyped-call]
     await _concurrently(connections, lambda: client.ping())
+
+
+async def warm_pipeline(send: Callable[[bytes], Awaitable[Any]], library: str,
+                        scripts: Sequence[str], probes: list[tuple[bytes, ...]]) -> None:
+    """Load ``library`` and ``scripts`` and run the ``probes`` through the pipelined
+    connection, each command ``send``'s (which sets the connection up)."""
+    await send(pack_function_load(library))
+    for script in scripts:
+        await send(pack_script_load(script))
+    for probe in probes:
+        await send(pack_command(*probe))
 
 
 async def warm_cluster(client: RedisCluster, library: str, scripts: Sequence[str],
