@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
@@ -24,17 +23,13 @@ from typing import Any
 
 import httpx
 import pytest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
-from starlette.routing import Route
 
 from ratelimit_mw import RedisStorage, Tier
-from ratelimit_mw.metrics import ErrorKind, Metrics
 from ratelimit_mw.middleware import RateLimitMiddleware
 from tests.conftest import middleware_arguments
 from tests.faults_proxy import ProxyProcess, fault_proxy
 from tests.redis_servers import own_redis
+from tests.reliability.kinds import ErrorKinds, hello_app
 
 pytestmark = [pytest.mark.reliability, pytest.mark.redis]
 
@@ -50,22 +45,6 @@ RECOVERY_S = 1.0
 CALLERS = 10
 
 
-class _Kinds(Metrics):
-    """Metrics that keep the kinds of failed storage calls."""
-
-    __slots__ = ("kinds",)
-
-    def __init__(self) -> None:
-        self.kinds: Counter[ErrorKind] = Counter()
-
-    def storage_error(self, kind: ErrorKind) -> None:
-        self.kinds[kind] += 1
-
-
-async def hello(request: Request) -> Response:
-    return PlainTextResponse("hello")
-
-
 @dataclass
 class Run:
     """The app behind the proxy, and what its requests met."""
@@ -73,7 +52,7 @@ class Run:
     proxy: ProxyProcess
     middleware: Any
     client: httpx.AsyncClient
-    metrics: _Kinds
+    metrics: ErrorKinds
     waits: list[tuple[float, bool]] = field(default_factory=list)
     """(seconds, decided by Redis) of each request of the load."""
     most_pending: int = 0
@@ -128,9 +107,9 @@ async def _running(proxy: ProxyProcess, **settings: Any) -> AsyncIterator[Run]:
     """The app on a storage that reaches Redis through ``proxy``, warmed up."""
     storage = RedisStorage.from_url(proxy.url, timeout=STORAGE_TIMEOUT,
                                     prefix=f"rlnet:{uuid.uuid4().hex[:8]}:")
-    metrics = _Kinds()
+    metrics = ErrorKinds()
     middleware = RateLimitMiddleware(
-        Starlette(routes=[Route("/", hello)]), metrics=metrics, **middleware_arguments(
+        hello_app(), metrics=metrics, **middleware_arguments(
             tiers=[Tier("default", "1000000/minute")], storage=storage,
             failure_mode="open", storage_timeout=STORAGE_TIMEOUT, recovery_interval=0.5,
             trusted_proxies=["127.0.0.1"], **settings))

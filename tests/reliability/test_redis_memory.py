@@ -9,22 +9,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections import Counter
 from typing import Any
 
 import httpx
 import pytest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
-from starlette.routing import Route
 
 from ratelimit_mw import RedisStorage, Tier
-from ratelimit_mw.metrics import ErrorKind, Metrics
 from ratelimit_mw.middleware import RateLimitMiddleware
 from ratelimit_mw.storage.eviction import eviction_risk
 from tests.conftest import middleware_arguments
 from tests.redis_servers import RedisProcess, own_redis
+from tests.reliability.kinds import ErrorKinds, hello_app
 
 pytestmark = [pytest.mark.reliability, pytest.mark.redis]
 
@@ -74,22 +69,6 @@ async def test_start_up_warns_once_when_redis_may_evict(
         assert lines == []
 
 
-class _Kinds(Metrics):
-    """Metrics that keep the kinds of failed storage calls."""
-
-    __slots__ = ("kinds",)
-
-    def __init__(self) -> None:
-        self.kinds: Counter[ErrorKind] = Counter()
-
-    def storage_error(self, kind: ErrorKind) -> None:
-        self.kinds[kind] += 1
-
-
-async def hello(request: Request) -> Response:
-    return PlainTextResponse("hello")
-
-
 def _fill(redis: RedisProcess) -> None:
     """Fill Redis past its maxmemory: 2 MB of data, then a maxmemory of 1 MB below it
     (under noeviction, every write is then refused with OOM)."""
@@ -108,7 +87,7 @@ async def test_a_full_redis_is_answered_by_the_failure_policy_and_counted_as_oom
     """Under noeviction a full Redis answers each decision's script with OOM: the
     failure policy answers, ``oom_errors`` and the ``oom`` kind count them, and Redis
     decides again once it has room."""
-    metrics = _Kinds()
+    metrics = ErrorKinds()
     with own_redis() as redis:
         redis.call("CONFIG", "SET", "maxmemory-policy", "noeviction")
         storage = RedisStorage.from_url(f"redis://127.0.0.1:{redis.port}/0", timeout=1,
@@ -118,7 +97,7 @@ async def test_a_full_redis_is_answered_by_the_failure_policy_and_counted_as_oom
         def app() -> Any:
             nonlocal middleware
             middleware = RateLimitMiddleware(
-                Starlette(routes=[Route("/", hello)]), metrics=metrics,
+                hello_app(), metrics=metrics,
                 **middleware_arguments(tiers=[Tier("default", "1000/minute")],
                                        storage=storage, failure_mode=mode,
                                        storage_timeout=0.5, recovery_interval=0.2))
