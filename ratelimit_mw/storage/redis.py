@@ -32,7 +32,7 @@ from .lease_ids import new_lease_id
 from .pipe import Pipeline
 from .pool import answer_within
 from .renewals import renew_leases
-from .scripts import decide_library, decide_script_source, lua_source, settle_script_source
+from .scripts import decide_library, decide_script_source, renew_script_source, settle_script_source
 from .settlements import settle_adjustments, settlement_groups
 from .standalone import client_from_url, forget_identity
 from .usage_reads import read_usage
@@ -110,7 +110,7 @@ class RedisStorage(Storage):
         self._clock: Callable[[], float] | None = None
         library = decide_library()
         self._decide = FunctionCall(client, library)
-        self._renew_script: AsyncScript = client.register_script(lua_source("renew"))
+        self._renew_script: AsyncScript = client.register_script(renew_script_source())
         settle_script = settle_script_source()
         self._settle_script: AsyncScript = client.register_script(settle_script)
         # Pipelined decisions, give-backs and settlements share one connection of their own.
@@ -328,10 +328,7 @@ class RedisStorage(Storage):
         passes (the slots then free themselves when their lease ends)."""
         if self._pipeline is None or self.timeout is None:
             return False
-        done = self._queue_releases(leases)
-        self._pipeline.flush(done.get_loop())
-        done.add_done_callback(partial(report_failure, on_failure, leases))
-        return True
+        return self._write_now(self._queue_releases(leases), on_failure, leases)
 
     settles: ClassVar[bool] = True
 
@@ -359,9 +356,17 @@ class RedisStorage(Storage):
         finds them made."""
         if self._pipeline is None:
             return False
-        done = self._queue_settlements(adjustments)
+        return self._write_now(self._queue_settlements(adjustments), on_failure,
+                               adjustments)
+
+    def _write_now(self, done: asyncio.Future[Any],
+                   on_failure: Callable[[Sequence[Any], BaseException], None],
+                   items: Sequence[Any]) -> bool:
+        """Flush the pipeline at once, so what ``done`` waits for is written before the
+        caller goes on; a failure reaches ``on_failure`` with ``items``."""
+        assert self._pipeline is not None
         self._pipeline.flush(done.get_loop())
-        done.add_done_callback(partial(report_failure, on_failure, adjustments))
+        done.add_done_callback(partial(report_failure, on_failure, items))
         return True
 
     def _queue_settlements(self, adjustments: Sequence[Adjustment]) -> asyncio.Future[Any]:
@@ -399,7 +404,7 @@ class RedisStorage(Storage):
         and warn if Redis may evict our keys (``eviction``); a failure raises
         ``StorageError`` from its cause."""
         library = self._decide.library.source
-        scripts = [lua_source("renew"), settle_script_source()]
+        scripts = [renew_script_source(), settle_script_source()]
         probes = probe_commands(self._decide.library.function, self._settle_script.sha,
                                 f"{identity_tag(self.prefix, '')}probe")
         try:

@@ -16,7 +16,7 @@ from typing import NamedTuple
 from ..limits import ALGORITHM_NAMES
 
 __all__ = ["Library", "decide_library", "decide_script_source", "lua_source",
-           "settle_script_source"]
+           "renew_script_source", "settle_script_source"]
 
 _ALGORITHMS = ("prelude", *ALGORITHM_NAMES, "concurrency", "calendar_month")
 
@@ -59,3 +59,8 @@ def settle_script_source() -> str:
     """The settling script: the algorithms' helpers (the decision script's files), then
     settle.lua, whose twins of each algorithm's ``settle`` use them."""
     return lua_source("prelude", *ALGORITHM_NAMES, "calendar_month", "settle")
+
+
+def renew_script_source() -> str:
+    """The renewing script: the prelude (its clock), then renew.lua."""
+    return lua_source("prelude", "renew")

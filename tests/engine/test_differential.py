@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import time
+from typing import NamedTuple
 
 import pytest
 
@@ -27,6 +28,27 @@ def _limits(algorithm: str, rng: random.Random) -> list[Limit]:
     return made
 
 
+class Twins(NamedTuple):
+    """Memory and Redis storages on one simulated clock, with random limits."""
+
+    rng: random.Random
+    clock: FakeClock
+    memory: MemoryStorage
+    redis: RedisStorage
+    limits: list[Limit]
+
+
+def _twins(redis_url: str, redis_prefix: str, algorithm: str, seed: str) -> Twins:
+    """Twins on a clock started at a random time; three limits of ``algorithm`` (of each
+    algorithm for ``"mixed"``)."""
+    rng = random.Random(seed)
+    clock = FakeClock(1_700_000_000 + rng.random() * 1000)
+    names = ALGORITHM_NAMES if algorithm == "mixed" else (algorithm,)
+    return Twins(rng, clock, MemoryStorage(clock=clock),
+                 on_clock(RedisStorage.from_url(redis_url, prefix=redis_prefix), clock),
+                 [limit for name in names for limit in _limits(name, rng)])
+
+
 def _summary(verdict: Verdict) -> tuple[object, ...]:
     return verdict.allowed, tuple(
         (d.allowed, d.quota, d.remaining, d.reset_after, d.retry_after, d.scope)
@@ -40,12 +62,8 @@ async def test_memory_and_redis_agree_step_by_step(
     redis_url: str, redis_prefix: str, algorithm: str, seed: int,
 ) -> None:
     """A thousand random steps (time, keys, costs, several limits) decide identically."""
-    rng = random.Random(f"{algorithm}-{seed}")
-    clock = FakeClock(1_700_000_000 + rng.random() * 1000)
-    memory = MemoryStorage(clock=clock)
-    redis_storage = on_clock(RedisStorage.from_url(redis_url, prefix=redis_prefix), clock)
-    names = ALGORITHM_NAMES if algorithm == "mixed" else (algorithm,)
-    limits = [limit for name in names for limit in _limits(name, rng)]
+    rng, clock, memory, redis_storage, limits = _twins(redis_url, redis_prefix, algorithm,
+                                                       f"{algorithm}-{seed}")
     try:
         for step in range(1000):
             clock.advance(rng.choice([0, 0, 1e-6, rng.random() * 0.5, rng.random() * 5,
@@ -72,11 +90,8 @@ async def test_memory_and_redis_agree_when_the_clock_steps_back(
     """The clock stepping back now and then (NTP, a failover to a Redis whose clock is
     behind): the same decisions (a sliding log in memory appended the new units after
     later ones, its log no longer sorted, and over-admitted)."""
-    rng = random.Random(f"back-{algorithm}")
-    clock = FakeClock(1_700_000_000 + rng.random() * 1000)
-    memory = MemoryStorage(clock=clock)
-    redis_storage = on_clock(RedisStorage.from_url(redis_url, prefix=redis_prefix), clock)
-    limits = _limits(algorithm, rng)
+    rng, clock, memory, redis_storage, limits = _twins(redis_url, redis_prefix, algorithm,
+                                                       f"back-{algorithm}")
     try:
         for step in range(400):
             clock.advance(rng.choice([0, 1e-6, rng.random() * 2, -rng.random() * 3]))
@@ -290,12 +305,8 @@ async def test_memory_and_redis_agree_on_settlements(
     """Random decisions, some settled later by a random difference (a refund, a higher
     cost, a debt): settle.lua moves Redis's counters as each algorithm's ``settle``
     moves memory's, so every later decision is the same."""
-    rng = random.Random(f"settle-{algorithm}")
-    clock = FakeClock(1_700_000_000 + rng.random() * 1000)
-    memory = MemoryStorage(clock=clock)
-    redis_storage = on_clock(RedisStorage.from_url(redis_url, prefix=redis_prefix), clock)
-    names = ALGORITHM_NAMES if algorithm == "mixed" else (algorithm,)
-    limits = [limit for name in names for limit in _limits(name, rng)]
+    rng, clock, memory, redis_storage, limits = _twins(redis_url, redis_prefix, algorithm,
+                                                       f"settle-{algorithm}")
     reserved: list[tuple[str, Hit, float]] = []
     settled = 0
     try:

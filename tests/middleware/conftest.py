@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -18,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ratelimit_mw import MemoryStorage
+from ratelimit_mw import Limit, MemoryStorage, Tier, cost_from_state, spends
 from ratelimit_mw.middleware import RateLimitMiddleware
 from tests.conftest import FakeClock, free_port, middleware_arguments
 
@@ -43,6 +45,36 @@ def make_app(endpoints: list[Any] | None = None, /, **options: Any) -> Starlette
     app = Starlette(routes=endpoints or [Route("/", ok), Route("/stream", stream)])
     app.add_middleware(RateLimitMiddleware, **middleware_arguments(**options))
     return app
+
+
+TOKENS = Limit("1000/minute", "token_bucket", name="tokens", unit="tokens",
+               cost=cost_from_state("tokens"))
+
+
+def token_stream_app(so_far: int, total: int, gate: threading.Event | None = None,
+                     **options: Any) -> Starlette:
+    """``/stream`` reports ``so_far`` tokens used and sends a word, waits for ``gate``
+    (if given), then reports ``total`` in its last event; ``/quiet`` spends none of its
+    100. Both spend from ``TOKENS``."""
+    @spends("tokens", estimate=100)
+    async def stream(request: Request) -> Response:
+        async def events() -> AsyncIterator[bytes]:
+            request.state.tokens = so_far
+            yield b"data: first\n\n"
+            if gate is not None:
+                await asyncio.to_thread(gate.wait, 5)
+            request.state.tokens = total
+            yield f'data: {{"usage": {{"total_tokens": {total}}}}}\n\n'.encode()
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @spends("tokens", estimate=100)
+    async def quiet(request: Request) -> Response:
+        request.state.tokens = 0
+        return PlainTextResponse("")
+
+    return make_app([Route("/stream", stream), Route("/quiet", quiet)],
+                    tiers=[Tier("t", [TOKENS])], **options)
 
 
 def client_for(app: Any, client: tuple[str, int] = CLIENT) -> httpx.AsyncClient:

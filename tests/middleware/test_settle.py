@@ -7,12 +7,11 @@ fixture of ``tests/conftest.py``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from ratelimit_mw import (
@@ -28,7 +27,7 @@ from ratelimit_mw import (
 from ratelimit_mw.charges import cost_from, cost_from_header, cost_from_state
 from tests.conftest import FakeClock
 
-from .conftest import CLIENT, client_for, make_app
+from .conftest import CLIENT, client_for, make_app, token_stream_app
 
 FAILURES = Limit("5/15 minutes", "fixed_window", name="login-failures", count="failures")
 
@@ -186,26 +185,7 @@ async def test_a_cost_beyond_what_is_left_is_debt(storage: Storage) -> None:
 async def test_a_stream_settles_when_its_body_ends(storage: Storage) -> None:
     """A server-sent-events stream reports its usage in its last event; the middleware
     settles at the end of the body, from what the app put in the request's state."""
-    tokens = Limit("1000/minute", "token_bucket", name="tokens", unit="tokens",
-                   cost=cost_from_state("tokens"))
-
-    @spends("tokens", estimate=100)
-    async def completion(request: Request) -> Response:
-        async def events() -> AsyncIterator[bytes]:
-            for word in ("one", "two", "three"):
-                yield f"data: {word}\n\n".encode()
-            request.state.tokens = 250
-            yield b'data: {"usage": {"total_tokens": 250}}\n\n'
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    @spends("tokens", estimate=100)
-    async def quiet(request: Request) -> Response:
-        request.state.tokens = 0
-        return PlainTextResponse("")
-
-    app = make_app([Route("/stream", completion), Route("/quiet", quiet)],
-                   tiers=[Tier("t", [tokens])], storage=storage)
+    app = token_stream_app(0, 250, storage=storage)
     async with client_for(app) as client:
         streamed = await client.get("/stream")
         after = await client.get("/quiet")

@@ -6,49 +6,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator
-from typing import Any
 
 import httpx
 import pytest
-from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response, StreamingResponse
-from starlette.routing import Route
 
-from ratelimit_mw import Limit, Tier, cost_from_state, spends
 from ratelimit_mw.metrics import PrometheusMetrics
 from tests.servers import serve
 
-from .conftest import RedisServer, make_app
+from .conftest import RedisServer, token_stream_app
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
-
-TOKENS = Limit("1000/minute", "token_bucket", name="tokens", unit="tokens",
-               cost=cost_from_state("tokens"))
-
-
-def streaming_app(gate: threading.Event, **options: Any) -> Any:
-    """``/stream`` reports 400 tokens used and sends a word, waits for ``gate``, then
-    reports 450 in its last event; ``/quiet`` spends none of its 100."""
-    @spends("tokens", estimate=100)
-    async def stream(request: Request) -> Response:
-        async def events() -> AsyncIterator[bytes]:
-            request.state.tokens = 400  # what the stream has used so far
-            yield b"data: first\n\n"
-            await asyncio.to_thread(gate.wait, 5)
-            request.state.tokens = 450
-            yield b'data: {"usage": {"total_tokens": 450}}\n\n'
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    @spends("tokens", estimate=100)
-    async def quiet(request: Request) -> Response:
-        request.state.tokens = 0
-        return PlainTextResponse("")
-
-    return make_app([Route("/stream", stream), Route("/quiet", quiet)],
-                    tiers=[Tier("t", [TOKENS])], storage_timeout=2.0, **options)
-
 
 @pytest.mark.parametrize("kind", ["memory", "redis"])
 async def test_a_stream_cut_short_still_settles_what_it_used(
@@ -60,7 +27,7 @@ async def test_a_stream_cut_short_still_settles_what_it_used(
     gate = threading.Event()
     options = {} if kind == "memory" else {"storage_url": redis_url,
                                            "storage_prefix": redis_prefix}
-    with serve(streaming_app(gate, **options)) as url:
+    with serve(token_stream_app(400, 450, gate, storage_timeout=2.0, **options)) as url:
         async with (httpx.AsyncClient(base_url=url, timeout=5) as client,
                     client.stream("GET", "/stream") as response):
             async for chunk in response.aiter_bytes():
@@ -85,7 +52,8 @@ async def test_a_settlement_lost_to_an_outage_is_counted_and_logged(
     response."""
     gate = threading.Event()
     metrics = PrometheusMetrics()
-    app = streaming_app(gate, storage_url=redis_server.url, metrics=metrics)
+    app = token_stream_app(400, 450, gate, storage_timeout=2.0,
+                           storage_url=redis_server.url, metrics=metrics)
     with serve(app) as url, caplog.at_level(logging.WARNING, logger="ratelimit_mw"):
         async with httpx.AsyncClient(base_url=url, timeout=10) as client:
             async with client.stream("GET", "/stream") as response:

@@ -1,6 +1,5 @@
 -- units: time in microseconds, amounts in requests. Twin of algorithms/calendar_month.py.
 -- A fixed window over the UTC calendar month; state as the fixed window's.
-local DAY_US = 86400000000
 
 local function civil_from_days(days)
   local z = days + 719468

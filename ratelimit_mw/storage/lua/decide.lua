@@ -13,14 +13,7 @@
 -- Reply: {all admitted (1/0), now, then per hit: admitted (1/0), remaining, reset, retry
 -- (for an admitted shaped hit: its wait)}.
 local SLACK_MS = 1000
-local HOUR, DAY = 3600000000, 86400000000
-local now
-if ARGV[1] ~= "" then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call("TIME")
-  now = num(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = clock(ARGV[1])
 LEASE = ARGV[2]
 
 local n = #ARGV - 3
@@ -58,16 +51,16 @@ if admitted and ARGV[3] ~= "" then
   -- ARGV[3] is "hours,days,units", then ";unit=amount" per unit spent.
   local h, d, u, spent = string.match(ARGV[3], "^(%d+),(%d+),(%d+)(.*)$")
   local hours, days = tonumber(h), tonumber(d)
-  local hour, day = idiv(now, HOUR), idiv(now, DAY)
+  local hour, day = idiv(now, HOUR_US), idiv(now, DAY_US)
   local buckets = string.match(KEYS[1], "^[^}]*}:") .. "u:"
   local function count(series, units)
     local hour_key, day_key = series .. "h:" .. text(hour), series .. "d:" .. text(day)
     -- A bucket's end of life is fixed when it is created: set it then, not per request.
     if redis.call("INCRBY", hour_key, units) == units then
-      redis.call("PEXPIRE", hour_key, math.ceil(((hour + hours) * HOUR - now) / 1000))
+      redis.call("PEXPIRE", hour_key, math.ceil(((hour + hours) * HOUR_US - now) / 1000))
     end
     if redis.call("INCRBY", day_key, units) == units then
-      redis.call("PEXPIRE", day_key, math.ceil(((day + days) * DAY - now) / 1000))
+      redis.call("PEXPIRE", day_key, math.ceil(((day + days) * DAY_US - now) / 1000))
     end
   end
   count(buckets, tonumber(u))

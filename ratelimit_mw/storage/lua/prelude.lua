@@ -55,5 +55,14 @@ local function text(n)
 end
 
 local NEVER = -1
+local HOUR_US, DAY_US = 3600000000, 86400000000
+
+-- The time the call runs at, in microseconds: the caller's (tests only) where it gives
+-- one, else Redis's clock.
+local function clock(given)
+  if given ~= "" then return tonumber(given) end
+  local t = redis.call("TIME")
+  return num(t[1]) * 1000000 + tonumber(t[2])
+end
 local ALGORITHMS = {}
 local LEASE = ""  -- set by the driver: the id of the slot a concurrency hit takes

@@ -4,13 +4,7 @@
 -- ARGV[2]: the lease; ARGV[2 + i]: the lease id held in KEYS[i].
 -- A lease still running ends a whole lease from now; one that ended, or was given
 -- back, stays ended (ZADD XX never brings a member back). Reply: how many renewed.
-local now
-if ARGV[1] == "" then
-  local t = redis.call("TIME")
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
-end
+local now = clock(ARGV[1])
 local period = tonumber(ARGV[2])
 local ttl_ms = math.ceil(period / 1000) + 1000
 local renewed = 0

@@ -133,14 +133,7 @@ SETTLE.gcra = function(key, now, at, amount, period, capacity, delta)
   return true
 end
 
-local now
-if ARGV[1] ~= "" then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call("TIME")
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local HOUR_US, DAY_US = 3600000000, 86400000000
+local now = clock(ARGV[1])
 
 -- The hour and day buckets of the unit's usage history that counted the request at
 -- `at`, moved by delta (never below 0); none where the history is off.
