@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from ratelimit_mw import ConfigError, Hit, Limit, MemoryStorage
+from ratelimit_mw.limits import ALGORITHM_NAMES
 from tests.conftest import FakeClock
 
 
@@ -92,3 +95,24 @@ async def test_usage_history_stays_within_its_retention() -> None:
     assert (await storage.usage("k", "hour", newest, newest))[0] == (newest, 1)
     today = int(clock.now) - int(clock.now) % 86400
     assert (await storage.usage("k", "day", today, today))[0] == (today, 24)
+
+
+@pytest.mark.parametrize("algorithm", [*ALGORITHM_NAMES, "calendar_month"])
+def test_the_collector_lets_go_of_identities_in_their_first_collection(
+    algorithm: str,
+) -> None:
+    """Every identity's entry is untracked by the first (youngest) collection after its
+    decision, one limit or two: a million identities add
+    nothing for older collections to traverse again. (Concurrency slots, short-lived,
+    are not counted here.)"""
+    storage = MemoryStorage()
+    one = [Hit(Limit("100/month" if algorithm == "calendar_month" else "100/minute",
+                     algorithm))]
+    two = [*one, Hit(Limit("1000/day", "fixed_window"), 1, "/route")]
+    gc.collect()  # the limits made at start-up, long before the requests
+    for i in range(300):
+        storage.decide_now(f"c{i}", one if i % 2 else two)
+        storage.decide_now(f"c{i // 2}", one)  # an entry replaced
+    gc.collect(0)
+    tracked = [key for key, entry in storage._keys.items() if gc.is_tracked(entry)]
+    assert tracked == []
