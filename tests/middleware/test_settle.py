@@ -45,6 +45,7 @@ def login_app(storage: Storage, entered: list[str] | None = None, **options: Any
             return JSONResponse({"ok": True})
         return JSONResponse({"error": "wrong password"}, status_code=401)
 
+    options.setdefault("storage_timeout", 5.0)  # a loaded host: no decision fails open
     return make_app([Route("/login", login, methods=["POST"])],
                     tiers=[Tier("t", "1000/minute")], storage=storage, **options)
 
@@ -185,7 +186,7 @@ async def test_a_cost_beyond_what_is_left_is_debt(storage: Storage) -> None:
 async def test_a_stream_settles_when_its_body_ends(storage: Storage) -> None:
     """A server-sent-events stream reports its usage in its last event; the middleware
     settles at the end of the body, from what the app put in the request's state."""
-    app = token_stream_app(0, 250, storage=storage)
+    app = token_stream_app(0, 250, storage=storage, storage_timeout=5.0)
     async with client_for(app) as client:
         streamed = await client.get("/stream")
         after = await client.get("/quiet")
@@ -200,7 +201,7 @@ async def test_an_app_that_raises_settles_as_its_500(storage: Storage) -> None:
         raise RuntimeError("boom")
 
     app = make_app([Route("/broken", broken)], tiers=[Tier("t", "1000/minute")],
-                   storage=storage)
+                   storage=storage, storage_timeout=5.0)
     async with client_for(app) as client:
         for _ in range(5):
             with pytest.raises(RuntimeError):
@@ -241,7 +242,7 @@ async def test_failures_count_per_username(storage: Storage) -> None:
         return JSONResponse({"error": "wrong password"}, status_code=401)
 
     app = make_app([Route("/login", login, methods=["POST"])],
-                   tiers=[Tier("t", "1000/minute")], storage=storage)
+                   tiers=[Tier("t", "1000/minute")], storage=storage, storage_timeout=5.0)
     async with client_for(app) as client:
         def attempt(user: str, password: str = "wrong") -> Any:
             return client.post("/login", json={"username": user, "password": password})
