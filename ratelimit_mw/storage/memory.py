@@ -14,43 +14,29 @@ from mypy_extensions import mypyc_attr
 from ..algorithms.concurrency import renewed, with_lease, without_lease
 from ..decision import Adjustment, Hold, Lease, Verdict, decision_from
 from ..errors import ConfigError
-from ..limits import Hit, merge_hits, run, settle, spends
+from ..limits import Hit, merge_hits, run, settle
 from ..rates import MAX_AMOUNT
-from .base import (
-    BUCKET_SECONDS,
-    Granularity,
-    Storage,
-    UsageRetention,
-    bad_usage,
-    bucket_range,
-)
+from .base import Granularity, Storage, UsageRetention, bad_usage, bucket_range
+from .histories import Histories
 
 __all__ = ["MemoryStorage"]
 
 _SWEEP = 4  # expired identities reclaimed per insert, from the least recently used end
 _new = tuple.__new__
-_HOUR_US, _DAY_US = 3_600_000_000, 86_400_000_000
 _TIME = time.time  # the wall clock as imported (a clock patched in later is honoured)
-_EMPTY: tuple[Any, ...] = (0, None, None)
+_EMPTY: tuple[Any, ...] = (0,)
 """The entry of an identity with nothing kept yet."""
 
 Entry = tuple[Any, ...]
-"""One identity, flat: when the last of its state expires (µs), its admitted requests
-per hour and per day since the epoch (usage history; None when not counted), then its
-counters in threes: ``(expires, hours, days, slot, state, expires, slot, state, …)``.
+"""One identity, flat: when the last of its state (or its usage history) expires (µs),
+then its counters in threes: ``(expires, slot, state, expires, slot, state, …)``.
 
 Tuples of numbers and strings: the garbage collector stops tracking such a tuple once a
 collection finds everything in it untracked (see ``_young_states`` for how an entry is
 untracked in its first collection). A million identities then add no objects to a
 collection, only the one dict that holds them, which ``gc.freeze()`` after start-up
-takes out of the collector's view too (see docs/deployment.md). A usage history's dicts
-keep their entry tracked."""
-_FIRST_CELL = 3
-
-Buckets = dict[int | str, int]
-"""An identity's usage per hour or per day: requests under the bucket's number, other
-units (tokens) under ``unit:number``; ints and strings only, untracked by the collector."""
-
+takes out of the collector's view too (see docs/deployment.md)."""
+_FIRST_CELL = 1
 
 _young_states: list[Any] = []
 """The states stored since the last garbage collection. A collection untracks a tuple
@@ -93,7 +79,7 @@ def _with_cell(entry: Entry, i: int, slot: tuple[str, str], state: Any,
     whole = entry[0] if entry[0] > expires else expires
     size = len(entry)
     if (i < 0 and size == _FIRST_CELL) or (i == _FIRST_CELL and size == _FIRST_CELL + 3):
-        return (whole, entry[1], entry[2], slot, state, expires)
+        return (whole, slot, state, expires)
     # One copy as a list, changed in place: cheaper than splicing slices into a tuple.
     cells = list(entry)
     cells[0] = whole
@@ -119,7 +105,7 @@ class MemoryStorage(Storage):
     True
     """
 
-    __slots__ = ("_clock", "_keys", "_leases", "max_keys", "retention")
+    __slots__ = ("_clock", "_histories", "_keys", "_leases", "max_keys", "retention")
 
     shared: ClassVar[bool] = False
 
@@ -133,6 +119,7 @@ class MemoryStorage(Storage):
             raise ConfigError(msg)
         self.max_keys = max_keys
         self.retention = UsageRetention(*usage_retention).check()
+        self._histories = Histories(self.retention)
         self._clock = None if clock is _TIME else clock
         self._keys: OrderedDict[str, Entry] = OrderedDict()
         self._leases = itertools.count(1)
@@ -208,8 +195,7 @@ class MemoryStorage(Storage):
                 if cells is None:
                     cells = list(kept)
                 if usage:
-                    cells[1], cells[2], kept_until = self._history(
-                        cells[1], cells[2], now, usage, hits)
+                    kept_until = self._histories.count(key, now, usage, hits)
                     if kept_until > expires:
                         expires = kept_until
                 cells[0] = expires
@@ -263,9 +249,9 @@ class MemoryStorage(Storage):
             entry = keys.get(key)
             kept = entry if entry is not None else _EMPTY
             unit = hit.limit.unit
-            if unit != "requests" and entry is not None and (key, unit, at) not in counted:
+            if unit != "requests" and (key, unit, at) not in counted:
                 counted.add((key, unit, at))
-                self._settle_history(entry, unit, round(at * 1_000_000), delta)
+                self._histories.settle(key, unit, round(at * 1_000_000), delta)
             i = _find(kept, hit.slot)
             state = kept[i + 1] if i >= 0 and kept[i + 2] > now else None
             settled = settle(hit.limit, state, now, round(at * 1_000_000), delta)
@@ -293,51 +279,15 @@ class MemoryStorage(Storage):
         if old is None:
             self._reclaim(now)
         if usage:
-            hours, days, kept = self._history(entry[1], entry[2], now, usage, hits)
-            if kept > entry[0] or hours is not entry[1]:
-                entry = (entry[0] if entry[0] > kept else kept, hours, days,
-                         *entry[_FIRST_CELL:])
+            kept = self._histories.count(key, now, usage, hits)
+            if kept > entry[0]:  # usage outlives the counters: keep the identity as long
+                entry = (kept, *entry[1:])
         _young_states.extend(entry[_FIRST_CELL + 1::3])
         if len(_young_states) > _YOUNG_STATES_CAP:
             _young_states.clear()
         keys[key] = entry
         if old is None and len(keys) > self.max_keys:
-            keys.popitem(last=False)
-
-    def _history(self, hours: Buckets | None, days: Buckets | None, now: int, units: int,
-                 hits: Sequence[Hit]) -> tuple[Buckets, Buckets, int]:
-        """An identity's hour and day buckets (new ones if it has none) with ``units``
-        added, and until when the history is kept."""
-        if hours is None or days is None:
-            hours, days = {}, {}
-        return hours, days, self._count(hours, days, now, units, hits)
-
-    def _count(self, hours: Buckets, days: Buckets, now: int, units: int,
-               hits: Sequence[Hit]) -> int:
-        """Add an admitted request's ``units`` to the hour and day buckets of ``now``,
-        and what its hits spend of other units (tokens) to theirs; until when the
-        history is kept."""
-        hour, day = now // _HOUR_US, now // _DAY_US
-        hours[hour] = hours.get(hour, 0) + units
-        days[day] = days.get(day, 0) + units
-        for unit, spent in spends(hits):
-            hourly, daily = f"{unit}:{hour}", f"{unit}:{day}"
-            hours[hourly] = hours.get(hourly, 0) + spent
-            days[daily] = days.get(daily, 0) + spent
-        _forget_before(hours, hour - self.retention.hours, self.retention.hours)
-        _forget_before(days, day - self.retention.days, self.retention.days)
-        # Usage outlives the counters: keep the identity as long as its history (the
-        # hourly buckets' retention may be the longer one).
-        return max((day + self.retention.days) * _DAY_US,
-                   (hour + self.retention.hours) * _HOUR_US)
-
-    def _settle_history(self, entry: Entry, unit: str, at: int, delta: int) -> None:
-        """Move the ``unit`` buckets of the hour and day of ``at`` by ``delta`` (never
-        below 0), where the history counted them."""
-        for counts, bucket in ((entry[1], at // _HOUR_US), (entry[2], at // _DAY_US)):
-            name = f"{unit}:{bucket}"
-            if counts is not None and name in counts:
-                counts[name] = max(0, counts[name] + delta)
+            self._histories.forget(keys.popitem(last=False)[0])
 
     def _reclaim(self, now: int) -> None:
         """Drop a few expired identities from the least recently used end."""
@@ -349,6 +299,7 @@ class MemoryStorage(Storage):
             if keys[oldest][0] > now:
                 return
             del keys[oldest]
+            self._histories.forget(oldest)
 
     async def release(self, leases: Sequence[Lease]) -> None:
         self._release(leases)
@@ -396,32 +347,14 @@ class MemoryStorage(Storage):
     ) -> list[tuple[int, int]]:
         now = self._now() / 1_000_000
         buckets = bucket_range(granularity, start, end, now, self.retention)
-        entry = self._keys.get(key)
-        counts: Buckets | None = None
-        if entry is not None:
-            counts = entry[1] if granularity == "hour" else entry[2]
-        if counts is None:
-            counts = {}
-        size = BUCKET_SECONDS[granularity]
-        if unit == "requests":
-            return [(n * size, counts.get(n, 0)) for n in buckets]
-        return [(n * size, counts.get(f"{unit}:{n}", 0)) for n in buckets]
+        return self._histories.read(key, granularity, buckets, unit)
 
     async def reset(self, key: str) -> None:
         self._keys.pop(key, None)
+        self._histories.forget(key)
 
     def clear(self) -> None:
         """Forget every counter."""
         self._keys.clear()
+        self._histories.clear()
 
-
-def _forget_before(counts: Buckets, oldest: int, kept: int) -> None:
-    """Drop the buckets numbered ``oldest`` or lower, once there are more than ``kept``
-    (requests' buckets are numbers, other units' ``unit:number``)."""
-    if len(counts) > kept:
-        for bucket in [b for b in counts if _number(b) <= oldest]:
-            del counts[bucket]
-
-
-def _number(bucket: int | str) -> int:
-    return bucket if isinstance(bucket, int) else int(bucket.rpartition(":")[2])

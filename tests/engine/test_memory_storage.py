@@ -8,6 +8,7 @@ import pytest
 
 from ratelimit_mw import ConfigError, Hit, Limit, MemoryStorage
 from ratelimit_mw.limits import ALGORITHM_NAMES
+from ratelimit_mw.storage.base import UsageRetention
 from tests.conftest import FakeClock
 
 
@@ -80,16 +81,13 @@ async def test_hourly_history_kept_longer_than_the_daily_one_survives() -> None:
 async def test_usage_history_stays_within_its_retention() -> None:
     """A key counted for weeks keeps no more hourly and daily buckets than the retention
     (memory stays bounded), and still reports the newest ones exactly."""
-    from ratelimit_mw.storage.base import UsageRetention
-
     clock = FakeClock(1_800_000_000.0 - 1_800_000_000 % 86400)
     storage = MemoryStorage(clock=clock, usage_retention=UsageRetention(hours=5, days=3))
     start = clock.now
     for hour in range(24 * 20):
         clock.now = start + hour * 3600
         await storage.decide("k", [], usage=True)
-    _, hours, days, *_ = storage._keys["k"]
-    assert hours is not None and days is not None
+    hours, days = storage._histories._by_key["k"]
     assert len(hours) <= 5 and len(days) <= 3
     newest = int(clock.now) - int(clock.now) % 3600
     assert (await storage.usage("k", "hour", newest, newest))[0] == (newest, 1)
@@ -97,12 +95,32 @@ async def test_usage_history_stays_within_its_retention() -> None:
     assert (await storage.usage("k", "day", today, today))[0] == (today, 24)
 
 
+async def test_an_evicted_or_reclaimed_identity_takes_its_history_along(
+    clock: FakeClock,
+) -> None:
+    """Usage histories are kept beside the counters: evicting an identity (max_keys) or
+    reclaiming it (expired) forgets its history too, so neither grows without bound."""
+    storage = MemoryStorage(max_keys=10, clock=clock,
+                            usage_retention=UsageRetention(hours=1, days=1))
+    hit = Hit(Limit("5/second"))
+    for i in range(100):
+        await storage.decide(f"flood-{i}", [hit], usage=1)
+    assert len(storage) == len(storage._histories) == 10
+    assert await storage.usage("flood-0", "hour", clock.now, clock.now) == [
+        (int(clock.now) - int(clock.now) % 3600, 0)]
+    clock.advance(2 * 86400)  # counters and histories expired
+    for i in range(10):
+        await storage.decide(f"new-{i}", [hit])
+    assert len(storage._histories) == 0
+
+
 @pytest.mark.parametrize("algorithm", [*ALGORITHM_NAMES, "calendar_month"])
+@pytest.mark.parametrize("usage", [0, 1])
 def test_the_collector_lets_go_of_identities_in_their_first_collection(
-    algorithm: str,
+    algorithm: str, usage: int,
 ) -> None:
     """Every identity's entry is untracked by the first (youngest) collection after its
-    decision, one limit or two: a million identities add
+    decision, one limit or two, with a usage history or not: a million identities add
     nothing for older collections to traverse again. (Concurrency slots, short-lived,
     are not counted here.)"""
     storage = MemoryStorage()
@@ -111,8 +129,8 @@ def test_the_collector_lets_go_of_identities_in_their_first_collection(
     two = [*one, Hit(Limit("1000/day", "fixed_window"), 1, "/route")]
     gc.collect()  # the limits made at start-up, long before the requests
     for i in range(300):
-        storage.decide_now(f"c{i}", one if i % 2 else two)
-        storage.decide_now(f"c{i // 2}", one)  # an entry replaced
+        storage.decide_now(f"c{i}", one if i % 2 else two, usage)
+        storage.decide_now(f"c{i // 2}", one, usage)  # an entry replaced
     gc.collect(0)
     tracked = [key for key, entry in storage._keys.items() if gc.is_tracked(entry)]
     assert tracked == []
