@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import itertools
 import time
 from collections import OrderedDict
@@ -29,32 +28,17 @@ _EMPTY: tuple[Any, ...] = (0,)
 
 Entry = tuple[Any, ...]
 """One identity, flat: when the last of its state (or its usage history) expires (µs),
-then its counters in threes: ``(expires, slot, state, expires, slot, state, …)``.
+then its counters one after the other, each as its slot, when it expires, how many
+items its state has, and those items: ``(expires, slot, expires, 2, window, count, …)``.
 
-Tuples of numbers and strings: the garbage collector stops tracking such a tuple once a
-collection finds everything in it untracked (see ``_young_states`` for how an entry is
-untracked in its first collection). A million identities then add no objects to a
-collection, only the one dict that holds them, which ``gc.freeze()`` after start-up
-takes out of the collector's view too (see docs/deployment.md)."""
+Numbers and strings in one tuple (a concurrency slot's leases aside): the garbage
+collector stops tracking such a tuple in the first collection that looks at it, so a
+million identities add no objects to any later collection, only the one dict that
+holds them, which ``gc.freeze()`` after start-up takes out of the collector's view too
+(see docs/deployment.md). A state kept as a tuple of its own would not do: a collection
+looks at the entry before the state inside it, and the entry, still holding a tracked
+tuple, would be traversed again by the next generation."""
 _FIRST_CELL = 1
-
-_young_states: list[Any] = []
-"""The states stored since the last garbage collection. A collection untracks a tuple
-whose items are all untracked, looking at its young objects in order; a state held by
-its entry alone is moved after the entry first, so the entry, still holding a tracked
-state, would stay tracked into the next generation and be traversed there again (50 000
-entries, 35 ms, every tenth collection). Held here too, a state keeps its place before
-its entry, and both are untracked in the collection after they were made."""
-_YOUNG_STATES_CAP = 1 << 16
-"""Beyond this many (collections off, or rare), the held states are let go."""
-
-
-def _forget_young_states(phase: str, info: dict[str, int]) -> None:
-    if phase == "stop":
-        _young_states.clear()
-
-
-gc.callbacks.append(_forget_young_states)
 
 
 def _never(holds: Sequence[Hold], error: BaseException) -> None:
@@ -62,31 +46,57 @@ def _never(holds: Sequence[Hold], error: BaseException) -> None:
 
 
 def _find(entry: Entry, slot: tuple[str, str]) -> int:
-    """The index of ``slot`` in ``entry``, or -1."""
-    size = len(entry)
-    if size > _FIRST_CELL and entry[_FIRST_CELL] == slot:  # most identities have one
-        return _FIRST_CELL
-    for i in range(_FIRST_CELL + 3, size, 3):
+    """The index of ``slot``'s cell in ``entry``, or -1."""
+    size, i = len(entry), _FIRST_CELL
+    while i < size:
         if entry[i] == slot:
             return i
+        i += 3 + entry[i + 2]
     return -1
+
+
+def _state(entry: Entry, i: int, now: int) -> Any:
+    """The state in the cell at ``i`` (-1: none), or None where it has expired."""
+    if i < 0 or entry[i + 1] <= now:
+        return None
+    return entry[i + 3:i + 3 + entry[i + 2]]
+
+
+def _cell(slot: tuple[str, str], state: Any, expires: int) -> tuple[Any, ...]:
+    """The items of ``slot``'s cell, holding ``state`` (None: nothing) until ``expires``."""
+    items = () if state is None else state
+    return (slot, expires, len(items), *items)
 
 
 def _with_cell(entry: Entry, i: int, slot: tuple[str, str], state: Any,
                expires: int) -> Entry:
-    """``entry`` with ``slot`` (at index ``i``, -1: none yet) holding ``state`` until
-    ``expires`` (the entry's own expiry pushed back to it if need be)."""
+    """``entry`` with ``slot``'s cell (at index ``i``, -1: none yet) holding ``state``
+    until ``expires`` (the entry's own expiry pushed back to it if need be)."""
     whole = entry[0] if entry[0] > expires else expires
+    items = () if state is None else state
     size = len(entry)
-    if (i < 0 and size == _FIRST_CELL) or (i == _FIRST_CELL and size == _FIRST_CELL + 3):
-        return (whole, slot, state, expires)
-    # One copy as a list, changed in place: cheaper than splicing slices into a tuple.
-    cells = list(entry)
-    cells[0] = whole
     if i < 0:
-        cells += (slot, state, expires)
-    else:
-        cells[i + 1], cells[i + 2] = state, expires
+        if size == _FIRST_CELL:  # most identities have one cell
+            return (whole, slot, expires, len(items), *items)
+        return (whole, *entry[1:], slot, expires, len(items), *items)
+    end = i + 3 + entry[i + 2]
+    if i == _FIRST_CELL and end == size:
+        return (whole, slot, expires, len(items), *items)
+    return (whole, *entry[1:i], slot, expires, len(items), *items, *entry[end:])
+
+
+def _rebuilt(entry: Entry, expires: int, changed: dict[int, tuple[Any, ...]],
+             added: list[Any]) -> Entry:
+    """``entry`` expiring at ``expires``, the cells at the indexes of ``changed``
+    replaced by theirs, then the ``added`` cells' items."""
+    cells: list[Any] = [expires]
+    size, i = len(entry), _FIRST_CELL
+    while i < size:
+        end = i + 3 + entry[i + 2]
+        new = changed.get(i)
+        cells += entry[i:end] if new is None else new
+        i = end
+    cells += added
     return tuple(cells)
 
 
@@ -163,51 +173,44 @@ class MemoryStorage(Storage):
             slot = hit.slot
             i = guess if guess < size and kept[guess] == slot else _find(kept, slot)
             if i >= 0:
-                guess = i + 3
+                guess = i + 3 + kept[i + 2]
             spots.append(i)
-            step = run(hit.limit, kept[i + 1] if i >= 0 and kept[i + 2] > now else None,
-                       now, hit.cost)
+            step = run(hit.limit, _state(kept, i, now), now, hit.cost)
             steps.append(step)
             if not step[0]:
                 allowed = False
         leases: tuple[Lease, ...] = ()
         if allowed:
-            # The new entry made once, from one copy of the old changed in place.
-            cells: list[Any] | None = None
+            # The new entry made once: the cells that changed, the cells added.
+            changed: dict[int, tuple[Any, ...]] = {}
+            added: list[Any] = []
             expires = kept[0]
             for k, hit in enumerate(hits):
                 if hit.cost:
                     step = steps[k]
                     state, lease = self._leased(key, hit, step[4], now)
                     ends = now + step[2]
-                    if cells is None:
-                        cells = list(kept)
                     i = spots[k]
                     if i < 0:
-                        cells += (hit.slot, state, ends)
+                        added += _cell(hit.slot, state, ends)
                     else:
-                        cells[i + 1], cells[i + 2] = state, ends
+                        changed[i] = _cell(hit.slot, state, ends)
                     if ends > expires:
                         expires = ends
                     if lease is not None:
                         leases = (*leases, lease)
-            if cells is not None or usage:
-                if cells is None:
-                    cells = list(kept)
+            if changed or added or usage:
                 if usage:
                     kept_until = self._histories.count(key, now, usage, hits)
                     if kept_until > expires:
                         expires = kept_until
-                cells[0] = expires
-                self._store(key, entry, tuple(cells), 0, now)
+                self._store(key, entry, _rebuilt(kept, expires, changed, added), 0, now)
         elif len(hits) > 1:
             # Report what the admitted limits look like without this request's cost.
             for k, hit in enumerate(hits):
                 if steps[k][0] and hit.cost:
                     i = spots[k]
-                    steps[k] = run(hit.limit,
-                                   kept[i + 1] if i >= 0 and kept[i + 2] > now else None,
-                                   now, 0)
+                    steps[k] = run(hit.limit, _state(kept, i, now), now, 0)
         # tuple.__new__ skips the named tuple's Python-level __new__: this runs per request.
         return _new(Verdict, (allowed, tuple([
             decision_from(hit, step[0], step[1], step[2], step[3])
@@ -219,8 +222,8 @@ class MemoryStorage(Storage):
         slot = hit.slot
         kept = entry if entry is not None else _EMPTY
         i = _find(kept, slot)
-        allowed, remaining, reset, retry, state = run(
-            hit.limit, kept[i + 1] if i >= 0 and kept[i + 2] > now else None, now, hit.cost)
+        allowed, remaining, reset, retry, state = run(hit.limit, _state(kept, i, now), now,
+                                                      hit.cost)
         leases: tuple[Lease, ...] = ()
         if allowed and (hit.cost or usage):
             if hit.cost:
@@ -253,7 +256,7 @@ class MemoryStorage(Storage):
                 counted.add((key, unit, at))
                 self._histories.settle(key, unit, round(at * 1_000_000), delta)
             i = _find(kept, hit.slot)
-            state = kept[i + 1] if i >= 0 and kept[i + 2] > now else None
+            state = _state(kept, i, now)
             settled = settle(hit.limit, state, now, round(at * 1_000_000), delta)
             if settled is state:
                 continue
@@ -282,9 +285,6 @@ class MemoryStorage(Storage):
             kept = self._histories.count(key, now, usage, hits)
             if kept > entry[0]:  # usage outlives the counters: keep the identity as long
                 entry = (kept, *entry[1:])
-        _young_states.extend(entry[_FIRST_CELL + 1::3])
-        if len(_young_states) > _YOUNG_STATES_CAP:
-            _young_states.clear()
         keys[key] = entry
         if old is None and len(keys) > self.max_keys:
             self._histories.forget(keys.popitem(last=False)[0])
@@ -321,12 +321,13 @@ class MemoryStorage(Storage):
                 continue
             slot = (lease.scope, lease.uid)
             i = _find(entry, slot)
-            if i < 0 or entry[i + 2] <= now:
+            held = _state(entry, i, now)
+            if held is None:
                 continue
             keys.move_to_end(lease.key)  # in use: the last identity to evict
-            state = renewed(entry[i + 1], now, period_us, lease.id)
-            if state is not entry[i + 1]:
-                expires = max(entry[i + 2], now + period_us)
+            state = renewed(held, now, period_us, lease.id)
+            if state is not held:
+                expires = max(entry[i + 1], now + period_us)
                 keys[lease.key] = _with_cell(entry, i, slot, state, expires)
 
     def _release(self, leases: Sequence[Lease]) -> None:
@@ -338,8 +339,8 @@ class MemoryStorage(Storage):
             slot = (lease.scope, lease.uid)
             i = _find(entry, slot)
             if i >= 0:
-                state = without_lease(entry[i + 1], lease.id)
-                keys[lease.key] = _with_cell(entry, i, slot, state, entry[i + 2])
+                state = without_lease(entry[i + 3:i + 3 + entry[i + 2]], lease.id)
+                keys[lease.key] = _with_cell(entry, i, slot, state, entry[i + 1])
 
     async def usage(
         self, key: str, granularity: Granularity, start: float, end: float,
