@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from .decision import Verdict
 from .errors import ConfigError
 from .headers import HeaderFormat, policy_name
-from .limits import Hit, Limit, LimitKey, merge_hits
+from .limits import Hit, Limit, LimitKey, Slot, merge_hits
 from .routes import NO_ROUTE, RouteSpec
 from .tiers import Tier
 
@@ -169,7 +169,7 @@ def _reserving(hit: Hit) -> Hit:
 def _clash(hits: Sequence[Hit]) -> tuple[Hit, Hit] | None:
     """The first two of ``hits`` on one counter (same scope, algorithm, rate and
     capacity: a limit's name does not make a counter of its own)."""
-    seen: dict[tuple[str, str], Hit] = {}
+    seen: dict[Slot, Hit] = {}
     for hit in hits:
         first = seen.setdefault(hit.slot, hit)
         if first is not hit:

@@ -30,8 +30,19 @@ from .partitions import Partition
 from .rates import MAX_AMOUNT, MAX_PERIOD, Rate, parse_rate, split_rates
 
 __all__ = [
-    "ALGORITHM_NAMES", "AlgorithmName", "Hit", "Limit", "LimitKey", "MergedHits", "as_limits",
-    "decide", "merge_hits", "run", "settle", "spends",
+    "ALGORITHM_NAMES",
+    "AlgorithmName",
+    "Hit",
+    "Limit",
+    "LimitKey",
+    "MergedHits",
+    "Slot",
+    "as_limits",
+    "decide",
+    "merge_hits",
+    "run",
+    "settle",
+    "spends",
 ]
 
 ALGORITHM_NAMES = RATE_ALGORITHMS
@@ -269,6 +280,12 @@ def as_limits(
     raise ConfigError(msg)
 
 
+Slot = tuple[str, ...]
+"""A counter's place among an identity's: ``(scope, limit uid)``. Typed of any length:
+compiled, a fixed-length tuple is kept as its items and made anew at each read, where a
+storage should keep (and compare) the one tuple object."""
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass(frozen=True, slots=True)
 class Hit:
@@ -280,7 +297,7 @@ class Hit:
     limit: Limit
     cost: int = 1
     scope: str = ""
-    slot: tuple[str, str] = field(init=False, repr=False, compare=False)
+    slot: Slot = field(init=False, repr=False, compare=False)
 
     # Written out, ``cost`` and ``scope`` typed object: see ``checks``.
     def __init__(self, limit: object, cost: object = 1, scope: object = "") -> None:
@@ -359,7 +376,7 @@ def merge_hits(hits: Sequence[Hit]) -> Sequence[Hit]:
             return MergedHits(hits)
     elif len(set(slots)) == count:
         return MergedHits(hits)
-    merged: dict[tuple[str, str], Hit] = {}
+    merged: dict[Slot, Hit] = {}
     for hit in hits:
         seen = merged.get(hit.slot)
         if seen is None:

@@ -14,6 +14,7 @@ import hiredis
 from redis import exceptions as redis_errors
 from redis.asyncio.connection import AbstractConnection
 
+from ..limits import Slot
 from .functions import function_missing, server_lacks_functions, too_old
 
 __all__ = ["DECIDE", "RELEASE", "SETTLE", "Batch", "Kind", "Owner", "Pipe", "Queued",
@@ -34,7 +35,7 @@ DECIDE = Kind("decide")
 RELEASE = Kind("release", closes=True)
 SETTLE = Kind("settle", closes=True)
 
-TakenSlots = tuple[str, tuple[tuple[str, str], ...], str]
+TakenSlots = tuple[str, tuple[Slot, ...], str]
 """The concurrency slots a decision may take: its identity, ``(scope, uid)`` of each
 slot, and the lease id."""
 Queued = tuple[Kind, bytes, "asyncio.Future[Any]", float, TakenSlots | None]

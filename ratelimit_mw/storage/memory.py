@@ -13,7 +13,7 @@ from mypy_extensions import mypyc_attr
 from ..algorithms.concurrency import renewed, with_lease, without_lease
 from ..decision import Adjustment, Hold, Lease, Verdict, decision_from
 from ..errors import ConfigError
-from ..limits import Hit, merge_hits, run, settle
+from ..limits import Hit, Slot, merge_hits, run, settle
 from ..rates import MAX_AMOUNT
 from .base import Granularity, Storage, UsageRetention, bad_usage, bucket_range
 from .histories import Histories
@@ -45,7 +45,7 @@ def _never(holds: Sequence[Hold], error: BaseException) -> None:
     """Nothing fails later in this process: settling here is done when it returns."""
 
 
-def _find(entry: Entry, slot: tuple[str, str]) -> int:
+def _find(entry: Entry, slot: Slot) -> int:
     """The index of ``slot``'s cell in ``entry``, or -1."""
     size, i = len(entry), _FIRST_CELL
     while i < size:
@@ -62,16 +62,18 @@ def _state(entry: Entry, i: int, now: int) -> Any:
     return entry[i + 3:i + 3 + entry[i + 2]]
 
 
-def _cell(slot: tuple[str, str], state: Any, expires: int) -> tuple[Any, ...]:
-    """The items of ``slot``'s cell, holding ``state`` (None: nothing) until ``expires``."""
+def _cell(slot: Slot, state: Any, expires: Any) -> tuple[Any, ...]:
+    """The items of ``slot``'s cell, holding ``state`` (None: nothing) until ``expires``
+    (an int; typed Any, so that compiled code does not box it anew for each place it is
+    kept: one object, not one per place, in an entry)."""
     items = () if state is None else state
     return (slot, expires, len(items), *items)
 
 
-def _with_cell(entry: Entry, i: int, slot: tuple[str, str], state: Any,
-               expires: int) -> Entry:
+def _with_cell(entry: Entry, i: int, slot: Slot, state: Any, expires: Any) -> Entry:
     """``entry`` with ``slot``'s cell (at index ``i``, -1: none yet) holding ``state``
-    until ``expires`` (the entry's own expiry pushed back to it if need be)."""
+    until ``expires`` (an int, typed as in ``_cell``; the entry's own expiry pushed back
+    to it if need be)."""
     whole = entry[0] if entry[0] > expires else expires
     items = () if state is None else state
     size = len(entry)
@@ -85,7 +87,7 @@ def _with_cell(entry: Entry, i: int, slot: tuple[str, str], state: Any,
     return (whole, *entry[1:i], slot, expires, len(items), *items, *entry[end:])
 
 
-def _rebuilt(entry: Entry, expires: int, changed: dict[int, tuple[Any, ...]],
+def _rebuilt(entry: Entry, expires: Any, changed: dict[int, tuple[Any, ...]],
              added: list[Any]) -> Entry:
     """``entry`` expiring at ``expires``, the cells at the indexes of ``changed``
     replaced by theirs, then the ``added`` cells' items."""
@@ -184,12 +186,12 @@ class MemoryStorage(Storage):
             # The new entry made once: the cells that changed, the cells added.
             changed: dict[int, tuple[Any, ...]] = {}
             added: list[Any] = []
-            expires = kept[0]
+            expires: Any = kept[0]
             for k, hit in enumerate(hits):
                 if hit.cost:
                     step = steps[k]
                     state, lease = self._leased(key, hit, step[4], now)
-                    ends = now + step[2]
+                    ends: Any = now + step[2]  # boxed once (see _cell)
                     i = spots[k]
                     if i < 0:
                         added += _cell(hit.slot, state, ends)
@@ -319,8 +321,7 @@ class MemoryStorage(Storage):
             entry = keys.get(lease.key)
             if entry is None:
                 continue
-            slot = (lease.scope, lease.uid)
-            i = _find(entry, slot)
+            i = _find(entry, (lease.scope, lease.uid))
             held = _state(entry, i, now)
             if held is None:
                 continue
@@ -328,7 +329,7 @@ class MemoryStorage(Storage):
             state = renewed(held, now, period_us, lease.id)
             if state is not held:
                 expires = max(entry[i + 1], now + period_us)
-                keys[lease.key] = _with_cell(entry, i, slot, state, expires)
+                keys[lease.key] = _with_cell(entry, i, entry[i], state, expires)
 
     def _release(self, leases: Sequence[Lease]) -> None:
         keys = self._keys
@@ -336,11 +337,10 @@ class MemoryStorage(Storage):
             entry = keys.get(lease.key)
             if entry is None:
                 continue
-            slot = (lease.scope, lease.uid)
-            i = _find(entry, slot)
+            i = _find(entry, (lease.scope, lease.uid))
             if i >= 0:
                 state = without_lease(entry[i + 3:i + 3 + entry[i + 2]], lease.id)
-                keys[lease.key] = _with_cell(entry, i, slot, state, entry[i + 1])
+                keys[lease.key] = _with_cell(entry, i, entry[i], state, entry[i + 1])
 
     async def usage(
         self, key: str, granularity: Granularity, start: float, end: float,

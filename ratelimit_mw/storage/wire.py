@@ -13,7 +13,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from ..decision import Adjustment
-from ..limits import Hit, Limit, spends
+from ..limits import Hit, Limit, Slot, spends
 from .keys import counter_suffix
 
 __all__ = [
@@ -47,7 +47,7 @@ class PackedHits(NamedTuple):
     """Each key's end, after the identity's tag."""
     tail: bytes
     """One argument per hit: ``algorithm amount period capacity cost``."""
-    slots: tuple[tuple[str, str], ...]
+    slots: tuple[Slot, ...]
     """``(scope, uid)`` of each hit that takes a concurrency slot."""
     packed_keys: dict[bytes, bytes]
     """The keys packed for each recent identity tag (an identity comes again)."""
@@ -108,7 +108,7 @@ def algorithm_arg(limit: Limit) -> str:
     return limit.algorithm
 
 
-def slots_taken(hits: Sequence[Hit]) -> tuple[tuple[str, str], ...]:
+def slots_taken(hits: Sequence[Hit]) -> tuple[Slot, ...]:
     """``(scope, uid)`` of each hit that takes a concurrency slot when admitted."""
     return tuple((hit.scope, hit.limit.uid) for hit in hits
                  if hit.limit.is_concurrency and hit.cost)
