@@ -19,9 +19,10 @@ if typing.TYPE_CHECKING:
     from .charges import cost_from, cost_from_header, cost_from_state
     from .errors import ConfigError, StorageError
     from .events import DecisionEvent
+    from .hits import Hit
     from .idempotency import IdempotencyMiddleware
     from .identity import APIKey, AuthenticatedUser
-    from .limits import Hit, Limit
+    from .limits import Limit
     from .middleware import RateLimitMiddleware
     from .partitions import json_field
     from .quota import quota_router
@@ -71,7 +72,7 @@ _HOMES = {
     "ConfigError": ".errors",
     "DecisionEvent": ".events",
     "Denial": ".responses",
-    "Hit": ".limits",
+    "Hit": ".hits",
     "IdempotencyMiddleware": ".idempotency",
     "Limit": ".limits",
     "MemoryStorage": ".storage",

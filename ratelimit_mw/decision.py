@@ -6,7 +6,8 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from .limits import Hit, Limit
+from .hits import Hit
+from .limits import Limit
 
 __all__ = ["NEVER", "Adjustment", "Decision", "Hold", "Lease", "Verdict", "binding_of",
            "decision_from"]

@@ -21,7 +21,7 @@ from .checks import positive_seconds
 from .decision import Verdict
 from .errors import ConfigError, StorageError, describe_error
 from .events import Source
-from .limits import Hit
+from .hits import Hit
 from .metrics import Metrics, error_kind
 from .outages import OutageLog
 from .storage import MemoryStorage, Storage

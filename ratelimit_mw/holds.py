@@ -22,8 +22,8 @@ from starlette.types import Message, Send
 from .asgi import Header
 from .decision import Adjustment, Hold, Lease
 from .events import Source
+from .hits import Hit
 from .leases import LeaseRenewals
-from .limits import Hit
 from .metrics import Metrics
 from .outages import OutageLog
 from .sending import with_headers

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from .decision import Verdict
 from .errors import ConfigError
 from .headers import HeaderFormat, policy_name
-from .limits import Hit, Limit, LimitKey, Slot, merge_hits
+from .hits import Hit, Slot, merge_hits
+from .limits import Limit, LimitKey
 from .routes import NO_ROUTE, RouteSpec
 from .tiers import Tier
 

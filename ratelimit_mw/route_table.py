@@ -14,7 +14,7 @@ from typing import Any
 from starlette.types import ASGIApp, Scope
 
 from .app_routes import find_router, has_hosts, match_route, unreachable_patterns, walk_routes
-from .limits import Hit
+from .hits import Hit
 from .routes import EXEMPT, NO_ROUTE, RouteLimit, RouteRule, RouteSpec, marks_on, spends_on
 
 __all__ = ["RouteTable", "dependency_calls"]

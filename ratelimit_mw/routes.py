@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 
 from .checks import is_token
 from .errors import ConfigError
-from .limits import Hit, Limit, as_limits
+from .hits import Hit
+from .limits import Limit, as_limits
 
 __all__ = ["RouteLimit", "RouteRule", "RouteSpec", "cost", "exempt", "limit", "spends"]
 

@@ -16,7 +16,8 @@ from starlette.types import Message, Receive, Send
 
 from .errors import ConfigError
 from .failure import GuardedStorage
-from .limits import Hit, Limit, as_limits, run
+from .hits import Hit
+from .limits import Limit, as_limits, run
 from .metrics import Metrics
 
 __all__ = ["CLOSE_REASON", "MessageLimits"]

@@ -12,7 +12,8 @@ from .asgi import first_header_value
 from .checks import header_name
 from .client_ip import TrustedProxies
 from .errors import ConfigError
-from .limits import Hit, Limit, as_limits
+from .hits import Hit
+from .limits import Limit, as_limits
 
 __all__ = ["Tier", "TierByAPIKey", "TierFromHeader", "TierResolver", "TierTable"]
 

@@ -16,8 +16,9 @@ from typing import NamedTuple
 from starlette.requests import Request
 
 from ..decision import Adjustment
+from ..hits import Hit
 from ..limiter import Limiter
-from ..limits import Hit, Limit
+from ..limits import Limit
 
 __all__ = ["AuthGate", "FailedAuth"]
 

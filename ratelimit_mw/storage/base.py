@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Literal, NamedTuple
 
 from ..decision import Adjustment, Hold, Lease, Verdict
 from ..errors import ConfigError, StorageError
-from ..limits import Hit
+from ..hits import Hit
 from ..rates import MAX_AMOUNT
 
 __all__ = ["BUCKET_SECONDS", "Granularity", "Storage", "UsageRetention"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..limits import Hit, spends
+from ..hits import Hit, spends
 from .base import BUCKET_SECONDS, Granularity, UsageRetention
 
 __all__ = ["Histories"]

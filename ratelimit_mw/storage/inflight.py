@@ -14,7 +14,7 @@ import hiredis
 from redis import exceptions as redis_errors
 from redis.asyncio.connection import AbstractConnection
 
-from ..limits import Slot
+from ..hits import Slot
 from .functions import function_missing, server_lacks_functions, too_old
 
 __all__ = ["DECIDE", "RELEASE", "SETTLE", "Batch", "Kind", "Owner", "Pipe", "Queued",

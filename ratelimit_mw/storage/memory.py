@@ -13,7 +13,8 @@ from mypy_extensions import mypyc_attr
 from ..algorithms.concurrency import renewed, with_lease, without_lease
 from ..decision import Adjustment, Hold, Lease, Verdict, decision_from
 from ..errors import ConfigError
-from ..limits import Hit, Slot, merge_hits, run, settle
+from ..hits import Hit, Slot, merge_hits
+from ..limits import run, settle
 from ..rates import MAX_AMOUNT
 from .base import Granularity, Storage, UsageRetention, bad_usage, bucket_range
 from .histories import Histories

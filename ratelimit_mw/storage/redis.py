@@ -15,7 +15,7 @@ from redis.commands.core import AsyncScript
 
 from ..decision import Adjustment, Hold, Lease, Verdict, decision_from
 from ..errors import ConfigError, StorageError
-from ..limits import Hit, MergedHits, merge_hits
+from ..hits import Hit, MergedHits, merge_hits
 from ..rates import MAX_AMOUNT
 from .base import (
     Granularity,

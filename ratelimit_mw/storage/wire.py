@@ -13,7 +13,8 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from ..decision import Adjustment
-from ..limits import Hit, Limit, Slot, spends
+from ..hits import Hit, Slot, spends
+from ..limits import Limit
 from .keys import counter_suffix
 
 __all__ = [

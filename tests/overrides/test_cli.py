@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 from ratelimit_mw import RedisStorage
-from ratelimit_mw.limits import Hit, Limit
+from ratelimit_mw.hits import Hit
+from ratelimit_mw.limits import Limit
 from ratelimit_mw.overrides import Overrides, caller_key
 
 
