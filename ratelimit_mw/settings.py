@@ -38,10 +38,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     SecretStr,
-    StrictInt,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -56,15 +53,15 @@ from pydantic_settings import (
     SettingsError,
 )
 
-from .charges import CostReader, cost_from_header, cost_from_state
 from .checks import header_name, positive_seconds
 from .client_ip import TrustedProxies, check_forwarded_header
 from .errors import ConfigError
 from .failure import DEFAULT_MAX_PENDING, FailureMode, check_max_pending, check_mode
 from .headers import parse_header_style
-from .limits import Limit, as_limits
+from .limits import as_limits
 from .responses import check_format
 from .routes import RouteRule
+from .settings_tables import CostConfig, LimitConfig, RouteConfig, TierConfig
 from .storage import check_storage_url
 from .storage.base import UsageRetention
 from .tiers import Tier, TierTable
@@ -72,101 +69,6 @@ from .tiers import Tier, TierTable
 __all__ = ["CostConfig", "LimitConfig", "RateLimitSettings", "RouteConfig", "TierConfig"]
 
 _log = logging.getLogger("ratelimit_mw")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class CostConfig(_Strict):
-    """Where a limit's real cost is read after the response: ``{header = "x-tokens-used",
-    remove = true}`` or ``{state = "tokens"}`` (a function is given in code)."""
-
-    header: str = ""
-    remove: bool = False
-    state: str = ""
-
-    def build(self) -> CostReader:
-        if bool(self.header) == bool(self.state):
-            msg = (f"cost={self.model_dump(exclude_defaults=True)!r} names where the real "
-                   f"cost is read: give header or state, one of them")
-            raise ConfigError(msg)
-        if self.header:
-            return cost_from_header(self.header, remove=self.remove)
-        return cost_from_state(self.state)
-
-
-class LimitConfig(_Strict):
-    """One limit: ``{rate = "10/minute", algorithm = "token_bucket", burst = 20}``, and
-    how the response settles it: ``count = "failures"``, ``cost = {header = "..."}``,
-    ``estimate = 500``, ``unit = "tokens"``; a leaky bucket that holds requests for their
-    turn: ``max_delay = "5s"``."""
-
-    rate: str
-    algorithm: str = "sliding_window"
-    burst: StrictInt | None = None  # strict: `burst = true` is an error, not 1
-    name: str = ""
-    count: str | list[StrictInt] | None = None
-    cost: CostConfig | None = None
-    estimate: StrictInt | None = None
-    unit: str = "requests"
-    max_delay: str | StrictInt | float = 0.0
-
-    def build(self) -> Limit:
-        return Limit(self.rate, self.algorithm, burst=self.burst, name=self.name,
-                     count=self.count, cost=None if self.cost is None else self.cost.build(),
-                     estimate=self.estimate, unit=self.unit, max_delay=self.max_delay)
-
-
-LimitsField = str | list[str | LimitConfig]
-
-
-def _limits(value: LimitsField, algorithm: str) -> list[Limit | str]:
-    from .limits import as_limits
-
-    items = [value] if isinstance(value, str) else value
-    out: list[Limit | str] = []
-    for item in items:
-        if isinstance(item, LimitConfig):
-            out.append(item.build())
-        else:
-            out.extend(as_limits(item, algorithm))
-    return out
-
-
-class TierConfig(_Strict):
-    """A tier: its limits (``algorithm`` applies to those given as plain rates)."""
-
-    limits: LimitsField = []
-    algorithm: str = "sliding_window"
-    concurrency: StrictInt | None = None
-    shadow: list[str] = []
-
-    def build(self, name: str) -> Tier:
-        return Tier(name, _limits(self.limits, self.algorithm),  # type: ignore[arg-type]
-                    self.concurrency, frozenset(self.shadow))
-
-
-class RouteConfig(_Strict):
-    """Limits, cost or exemption for paths matching ``path`` and ``methods`` (see
-    ``RouteRule``: ``cost`` counts against the tier's limits, 1 on the rule's own)."""
-
-    path: str
-    methods: list[str] = []
-    limits: LimitsField = []
-    algorithm: str = "sliding_window"
-    cost: StrictInt = 1
-    exempt: bool = False
-    shadow: bool = False
-
-    def build(self) -> RouteRule:
-        if self.exempt and self.limits:
-            msg = (f"route {self.path!r} is exempt and has limits {self.limits!r}: an exempt "
-                   f"route is not limited at all; drop one of them")
-            raise ConfigError(msg)
-        return RouteRule(self.path, frozenset(self.methods),
-                         _limits(self.limits, self.algorithm),  # type: ignore[arg-type]
-                         self.cost, self.exempt, self.shadow)
 
 
 _warned_variables: set[str] = set()
