@@ -97,6 +97,9 @@ class Limit:
     uid: str = field(init=False, repr=False, compare=False)
     is_concurrency: bool = field(init=False, repr=False, compare=False)
     """True for a limit on requests in flight rather than a rate."""
+    windowed: bool = field(init=False, repr=False, compare=False)
+    """True where the state starts with a window's start and expires at a window's edge:
+    numbers every caller counted in the same window shares."""
     _hash: int = field(init=False, repr=False, compare=False)
 
     # Written out rather than generated, the checked arguments typed object (here and in
@@ -138,6 +141,7 @@ class Limit:
         set_(self, "capacity", capacity)
         set_(self, "period_us", rate.period_us)
         set_(self, "is_concurrency", kind == "concurrency")
+        set_(self, "windowed", kind in ("fixed_window", "sliding_window", "calendar_month"))
         set_(self, "name", str(name) or self._default_name())
         # The storage identity of the counter: the shape, not the display name.
         set_(self, "uid", f"{kind}:{rate.amount}:{rate.period_us}:{capacity}")

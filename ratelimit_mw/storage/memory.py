@@ -23,6 +23,7 @@ __all__ = ["MemoryStorage"]
 
 _SWEEP = 4  # expired identities reclaimed per insert, from the least recently used end
 _new = tuple.__new__
+_EDGES = 4096  # windowed counters' shared edges kept, one per slot
 _TIME = time.time  # the wall clock as imported (a clock patched in later is honoured)
 _EMPTY: tuple[Any, ...] = (0,)
 """The entry of an identity with nothing kept yet."""
@@ -118,7 +119,8 @@ class MemoryStorage(Storage):
     True
     """
 
-    __slots__ = ("_clock", "_histories", "_keys", "_leases", "max_keys", "retention")
+    __slots__ = ("_clock", "_edges", "_histories", "_keys", "_leases", "max_keys",
+                 "retention")
 
     shared: ClassVar[bool] = False
 
@@ -133,6 +135,7 @@ class MemoryStorage(Storage):
         self.max_keys = max_keys
         self.retention = UsageRetention(*usage_retention).check()
         self._histories = Histories(self.retention)
+        self._edges: dict[Slot, tuple[Any, Any]] = {}
         self._clock = None if clock is _TIME else clock
         self._keys: OrderedDict[str, Entry] = OrderedDict()
         self._leases = itertools.count(1)
@@ -193,6 +196,8 @@ class MemoryStorage(Storage):
                     step = steps[k]
                     state, lease = self._leased(key, hit, step[4], now)
                     ends: Any = now + step[2]  # boxed once (see _cell)
+                    if hit.limit.windowed:
+                        state, ends = self._shared(hit.slot, state, ends)
                     i = spots[k]
                     if i < 0:
                         added += _cell(hit.slot, state, ends)
@@ -231,7 +236,10 @@ class MemoryStorage(Storage):
         if allowed and (hit.cost or usage):
             if hit.cost:
                 state, lease = self._leased(key, hit, state, now)
-                kept = _with_cell(kept, i, slot, state, now + reset)
+                ends: Any = now + reset
+                if hit.limit.windowed:
+                    state, ends = self._shared(slot, state, ends)
+                kept = _with_cell(kept, i, slot, state, ends)
                 if lease is not None:
                     leases = (lease,)
             self._store(key, entry, kept, usage, now, (hit,))
@@ -266,6 +274,19 @@ class MemoryStorage(Storage):
             ends = now + run(hit.limit, settled, now, 0)[2] if settled is not None else now
             self._store(key, entry, _with_cell(kept, i, hit.slot, settled, ends), 0, now)
         return True
+
+    def _shared(self, slot: Slot, state: Any, ends: Any) -> tuple[Any, Any]:
+        """A windowed counter's ``state`` and ``ends`` holding the same objects for the
+        window's start and edge as the last counter of ``slot`` kept: every identity
+        counted in one window then shares two numbers (64 bytes an identity)."""
+        edges = self._edges
+        last = edges.get(slot)
+        if last is None or last[1] != state[0]:
+            if last is None and len(edges) >= _EDGES:
+                edges.clear()
+            edges[slot] = (ends, state[0])
+            return state, ends
+        return (last[1], *state[1:]), last[0] if last[0] == ends else ends
 
     def _leased(self, key: str, hit: Hit, state: Any, now: int) -> tuple[Any, Lease | None]:
         """An admitted hit's state as kept, and the slot it took (for a concurrency

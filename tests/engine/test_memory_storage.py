@@ -134,3 +134,17 @@ def test_the_collector_lets_go_of_identities_in_their_first_collection(
     gc.collect(0)
     tracked = [key for key, entry in storage._keys.items() if gc.is_tracked(entry)]
     assert tracked == []
+
+
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window", "calendar_month"])
+def test_identities_in_one_window_share_its_numbers(algorithm: str) -> None:
+    """Every identity counted in the same window holds the same objects for the window's
+    start and edge, rather than two numbers of its own (64 bytes an identity)."""
+    storage = MemoryStorage()
+    hit = Hit(Limit("100/month" if algorithm == "calendar_month" else "100/hour", algorithm))
+    for key in ("a", "b", "c"):
+        storage.decide_now(key, [hit])
+    a, b, c = (storage._keys[key] for key in "abc")
+    assert a == b == c  # the same counts, the same window
+    for i in range(len(a)):
+        assert a[i] is b[i] is c[i] or (isinstance(a[i], int) and -5 <= a[i] <= 256), i
