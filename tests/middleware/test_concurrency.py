@@ -246,7 +246,8 @@ async def test_redis_slots_are_taken_atomically_and_given_back(
     gate = Gate()
     storage = RedisStorage.from_url(redis_url, prefix=redis_prefix)
     tier = Tier("t", [Limit("3/minute", "fixed_window", name="rate")], concurrency=1)
-    app = make_app(gate.routes(), tiers=[tier], storage=storage, quota_history=True)
+    app = make_app(gate.routes(), tiers=[tier], storage=storage, quota_history=True,
+                   storage_timeout=5.0)  # a loaded host: no decision fails open
     try:
         async with client_for(app) as client:
             held = asyncio.ensure_future(client.get("/wait"))
