@@ -109,6 +109,9 @@ def start_server(request: pytest.FixtureRequest) -> Iterator[StartServer]:
 
     def start(kind: str, *, workers: int = 1, args: Sequence[str] = (),
               **settings: str) -> ExampleServer:
+        # Decisions that count exactly across workers must not fail open on a loaded
+        # host: a decision past the default 50 ms is made by the failure policy.
+        settings.setdefault("storage_timeout", "5")
         redis_url = prefix = None
         if kind != "memory":
             fixture = "redis_url" if kind == "redis" else f"redis_{kind}_url"
