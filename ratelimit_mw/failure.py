@@ -144,8 +144,8 @@ class GuardedStorage:
     ``MemoryStorage`` instead, so limits still hold per process.
     """
 
-    __slots__ = ("_episode", "breaker", "fallback", "max_pending", "metrics", "mode",
-                 "pending", "reads", "recovery_interval", "stats", "storage", "timeout")
+    __slots__ = ("_decides_now", "_episode", "breaker", "fallback", "max_pending", "metrics",
+                 "mode", "pending", "reads", "recovery_interval", "stats", "storage", "timeout")
 
     def __init__(
         self,
@@ -170,6 +170,8 @@ class GuardedStorage:
         cooldown = positive_seconds("recovery interval", recovery_interval)
         self.recovery_interval = cooldown
         self.storage = storage
+        # Whether ``storage.decide_now`` may give a verdict (else it is not worth a call).
+        self._decides_now = type(storage).decide_now is not Storage.decide_now
         self.breaker: Gate = breaker if breaker is not None else CircuitBreaker(
             name="ratelimit-storage", window_size=10, minimum_calls=3,
             failure_rate_threshold=50.0, cooldown=cooldown,
@@ -200,6 +202,8 @@ class GuardedStorage:
         """The storage's verdict without awaiting, where it gives one (one in this
         process, which a breaker and a timeout have nothing to guard), counted in the
         metrics but not timed; None to await ``decide``."""
+        if not self._decides_now:
+            return None
         verdict = self.storage.decide_now(key, hits, usage)
         metrics = self.metrics
         if metrics is not None and verdict is not None:

@@ -15,7 +15,7 @@ from redis.commands.core import AsyncScript
 
 from ..decision import Adjustment, Hold, Lease, Verdict, decision_from
 from ..errors import ConfigError, StorageError
-from ..hits import Hit, MergedHits, merge_hits
+from ..hits import Hit, MergedHits, Slot, merge_hits
 from ..rates import MAX_AMOUNT
 from .base import (
     Granularity,
@@ -65,7 +65,7 @@ class RedisStorage(Storage):
     """
 
     __slots__ = ("_client", "_clock", "_cold", "_decide", "_encode", "_owns_client", "_packed_hits",
-                 "_pipeline", "_renew_script", "_settle_script", "_socket_timeout",
+                 "_pipeline", "_renew_script", "_settle_script", "_socket_timeout", "_suffixes",
                  "_tags", "_usage_args", "connect_timeout", "pipeline", "prefix", "retention",
                  "timeout")
 
@@ -101,8 +101,9 @@ class RedisStorage(Storage):
         socket_timeout = kwargs.get("socket_timeout") if self.pipeline else None
         self._socket_timeout: float | None = (
             float(socket_timeout) if isinstance(socket_timeout, int | float) else None)
-        self._packed_hits: dict[int, tuple[Sequence[Hit], bool, PackedHits]] = {}
+        self._packed_hits: dict[int, tuple[object, bool, PackedHits]] = {}
         self._tags: dict[str, bytes] = {}
+        self._suffixes: dict[Slot, bytes] = {}  # (scope, uid) -> its counter's key suffix
         self._client = client
         self._owns_client = owns_client
         # Set by the tests alone: a clock (epoch seconds) that decides instead of Redis's
@@ -190,16 +191,10 @@ class RedisStorage(Storage):
             raise StorageError(msg) from exc
         self._cold = False
         try:
-            allowed = bool(reply[0])
-            verdict = Verdict(allowed, tuple(
-                decision_from(hit, bool(reply[i]), reply[i + 1], reply[i + 2], reply[i + 3])
-                for hit, i in zip(hits, range(2, len(reply), 4), strict=True)
-            ), tuple(Lease(key, scope, uid, lease_id) for scope, uid in slots
-                     ) if allowed and lease_id else (), reply[1] / 1_000_000)
+            return _verdict(key, hits, lease_id, slots, reply)
         except (TypeError, ValueError, IndexError, KeyError) as exc:
             msg = f"redis answered a decision with {str(reply)[:100]}, not a decision"
             raise StorageError(msg) from exc
-        return verdict
 
     def _clock_arg(self) -> str:
         """The scripts' clock argument: empty (Redis's own clock), or the test clock's
@@ -234,17 +229,21 @@ class RedisStorage(Storage):
         return self.timeout if timeout is None else min(timeout, self.timeout)
 
     def _packed(self, hits: Sequence[Hit], usage: bool) -> PackedHits:
-        """What the decisions of ``hits`` share on the wire. A limit set's merged hits (never
-        changed, so known by identity) skip hashing every hit again."""
+        """What the decisions of ``hits`` share on the wire. A limit set's merged hits, or
+        the one hit of a one-limit set (never changed, so known by identity), skip hashing
+        every hit again."""
+        known: object = hits
         if type(hits) is not MergedHits:
-            return pack_hits(self._decide.library.function, tuple(hits), usage)
-        cached = self._packed_hits.get(id(hits))
-        if cached is not None and cached[0] is hits and cached[1] is usage:
+            if type(hits) is not tuple or len(hits) != 1:
+                return pack_hits(self._decide.library.function, tuple(hits), usage)
+            known = hits[0]
+        cached = self._packed_hits.get(id(known))
+        if cached is not None and cached[0] is known and cached[1] is usage:
             return cached[2]
-        packed = pack_hits(self._decide.library.function, hits, usage)
+        packed = pack_hits(self._decide.library.function, tuple(hits), usage)
         if len(self._packed_hits) >= _CACHED:
             self._packed_hits.clear()
-        self._packed_hits[id(hits)] = (hits, usage, packed)  # holds hits: its id stays its own
+        self._packed_hits[id(known)] = (known, usage, packed)  # held: its id stays its own
         return packed
 
     def _packed_tag(self, key: str) -> bytes:
@@ -281,7 +280,13 @@ class RedisStorage(Storage):
 
     def _queue_release(self, lease: Lease) -> asyncio.Future[Any]:
         """The ZREM that gives ``lease``'s slot back, queued for the next flush."""
-        name = self._packed_tag(lease.key) + self._encode(counter_suffix(lease.scope, lease.uid))
+        slot = (lease.scope, lease.uid)
+        suffix = self._suffixes.get(slot)
+        if suffix is None:
+            if len(self._suffixes) >= _CACHED:
+                self._suffixes.clear()
+            suffix = self._suffixes[slot] = self._encode(counter_suffix(*slot))
+        name = self._packed_tag(lease.key) + suffix
         return self._queue(RELEASE, pack_release(name, lease.id.encode()), self._bound(None))
 
     def _queue_releases(self, leases: Sequence[Lease]) -> asyncio.Future[Any]:
@@ -431,3 +436,24 @@ class RedisStorage(Storage):
             await self._pipeline.close()
         if self._owns_client:
             await self._client.aclose()
+
+
+_new = tuple.__new__  # skips a named tuple's interpreted __new__: this runs per decision
+
+
+def _verdict(key: str, hits: Sequence[Hit], lease_id: str, slots: tuple[Slot, ...],
+             reply: Any) -> Verdict:
+    """The verdict in a decision's reply: admitted, the clock (µs), then four values per
+    hit (admitted, remaining, reset µs, retry µs); a reply of another length raises."""
+    decisions = []
+    i = 2
+    for hit in hits:
+        decisions.append(
+            decision_from(hit, bool(reply[i]), reply[i + 1], reply[i + 2], reply[i + 3]))
+        i += 4
+    if i != len(reply):
+        raise ValueError(len(reply))
+    allowed = bool(reply[0])
+    leases = tuple([_new(Lease, (key, scope, uid, lease_id)) for scope, uid in slots]
+                   ) if allowed and lease_id else ()
+    return _new(Verdict, (allowed, tuple(decisions), leases, reply[1] / 1_000_000))
