@@ -17,12 +17,13 @@ from ratelimit_mw.limits import ALGORITHM_NAMES
 from ratelimit_mw.middleware import RateLimitMiddleware
 from ratelimit_mw.rates import MAX_PERIOD, Rate
 from ratelimit_mw.settings import RateLimitSettings
-from ratelimit_mw.storage import check_storage_url, inflight
+from ratelimit_mw.storage import check_storage_url
 from ratelimit_mw.storage.cluster import cluster_storage_from_url
 from ratelimit_mw.storage.keys import encode_part, redis_key
 from tests.conftest import FakeClock, on_clock
 from tests.engine.test_storage import limit_for
 from tests.middleware.conftest import RedisServer
+from tests.wire_recording import Writes, recording_storage
 
 
 @pytest.fixture
@@ -59,35 +60,22 @@ def three_limits() -> list[Hit]:
 
 
 async def test_one_command_per_decision_with_three_limits(
-    storage: RedisStorage, raw: aioredis.Redis, monkeypatch: pytest.MonkeyPatch,
+    redis_url: str, redis_prefix: str, raw: aioredis.Redis,
 ) -> None:
     """Three limits cost one FCALL each decision, counted on the wire and by Redis."""
-    await storage.decide("warm", three_limits())  # loads the library once
-    sent: list[bytes] = []
-    original = inflight.Pipe.write
-
-    def recording(self: inflight.Pipe, batch: Any, entries: list[inflight.Queued]) -> None:
-        for entry in entries:
-            sent.extend(_names(entry[1]))
-        original(self, batch, entries)
-
-    before = await raw.info("commandstats")
-    monkeypatch.setattr(inflight.Pipe, "write", recording)
-    for i in range(50):
-        await storage.decide(f"user-{i % 5}", three_limits())
-    monkeypatch.undo()
-    after = await raw.info("commandstats")
-    assert sent == [b"FCALL"] * 50
+    writes = Writes()
+    storage = recording_storage(redis_url, writes, prefix=redis_prefix)
+    try:
+        await storage.decide("warm", three_limits())  # loads the library once
+        writes.clear()
+        before = await raw.info("commandstats")
+        for i in range(50):
+            await storage.decide(f"user-{i % 5}", three_limits())
+        after = await raw.info("commandstats")
+    finally:
+        await storage.close()
+    assert writes.commands() == [b"FCALL"] * 50
     assert after["cmdstat_fcall"]["calls"] - before["cmdstat_fcall"]["calls"] >= 50
-
-
-def _names(packed: bytes) -> list[bytes]:
-    """The name of each command in RESP ``packed`` (arguments without CR LF)."""
-    tokens, names, i = packed.split(b"\r\n"), [], 0
-    while i < len(tokens) - 1:
-        names.append(tokens[i + 2])
-        i += 1 + 2 * int(tokens[i][1:])
-    return names
 
 
 async def test_every_key_has_a_ttl(storage: RedisStorage, raw: aioredis.Redis) -> None:
@@ -450,20 +438,19 @@ async def test_unreachable_redis_raises_storage_error() -> None:
 
 
 async def test_concurrent_decisions_share_one_pipeline(
-    storage: RedisStorage, raw: aioredis.Redis, monkeypatch: pytest.MonkeyPatch,
+    redis_url: str, redis_prefix: str,
 ) -> None:
     """Decisions asked in one event-loop tick go out together, and each gets its answer."""
-    flushes: list[int] = []
-    original = inflight.Pipe.write
-
-    def counting(self: inflight.Pipe, batch: Any, entries: list[inflight.Queued]) -> None:
-        flushes.append(len(entries))
-        original(self, batch, entries)
-
-    monkeypatch.setattr(inflight.Pipe, "write", counting)
+    writes = Writes()
+    storage = recording_storage(redis_url, writes, prefix=redis_prefix)
     hit = Hit(Limit("5/minute", "fixed_window"))
-    verdicts = await asyncio.gather(*(storage.decide(f"p{i % 4}", [hit]) for i in range(40)))
-    assert flushes == [40]
+    try:
+        await storage.decide("warm", [hit])
+        writes.clear()
+        verdicts = await asyncio.gather(*(storage.decide(f"p{i % 4}", [hit]) for i in range(40)))
+    finally:
+        await storage.close()
+    assert [len(flush) for flush in writes.flushes()] == [40]
     assert sum(v.allowed for v in verdicts) == 20  # 5 for each of 4 keys
     for i in range(4):
         remaining = sorted(v.decisions[0].remaining for j, v in enumerate(verdicts) if j % 4 == i)
@@ -510,24 +497,22 @@ async def test_a_caller_that_gives_up_leaves_the_batch_intact(storage: RedisStor
 
 
 async def test_releases_ride_in_the_decisions_pipeline(
-    storage: RedisStorage, monkeypatch: pytest.MonkeyPatch,
+    redis_url: str, redis_prefix: str,
 ) -> None:
     """Slots given back in the same tick as other decisions share their round trip."""
+    writes = Writes()
+    storage = recording_storage(redis_url, writes, prefix=redis_prefix)
     slots = Hit(Limit.concurrency(3))
-    held = [await storage.decide(f"r{i}", [slots]) for i in range(3)]
-    flushes: list[list[str]] = []
-    original = inflight.Pipe.write
-
-    def recording(self: inflight.Pipe, batch: Any, entries: list[inflight.Queued]) -> None:
-        flushes.append([kind.name for kind, *_ in entries])
-        original(self, batch, entries)
-
-    monkeypatch.setattr(inflight.Pipe, "write", recording)
-    await asyncio.gather(*(storage.release(v.leases) for v in held),
-                         *(storage.decide(f"r{i}", [slots]) for i in range(3)))
-    assert flushes == [["release"] * 3 + ["decide"] * 3]
-    looked = await asyncio.gather(*(storage.peek(f"r{i}", [slots]) for i in range(3)))
-    assert [v.decisions[0].remaining for v in looked] == [2, 2, 2]  # 1 given back, 1 taken
+    try:
+        held = [await storage.decide(f"r{i}", [slots]) for i in range(3)]
+        writes.clear()
+        await asyncio.gather(*(storage.release(v.leases) for v in held),
+                             *(storage.decide(f"r{i}", [slots]) for i in range(3)))
+        assert writes.flushes() == [[b"ZREM"] * 3 + [b"FCALL"] * 3]
+        looked = await asyncio.gather(*(storage.peek(f"r{i}", [slots]) for i in range(3)))
+        assert [v.decisions[0].remaining for v in looked] == [2, 2, 2]  # 1 back, 1 taken
+    finally:
+        await storage.close()
 
 
 @pytest.mark.parametrize("protocol", [2, 3])

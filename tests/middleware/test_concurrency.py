@@ -19,10 +19,10 @@ from starlette.routing import Route
 
 from ratelimit_mw import Hit, Limit, MemoryStorage, RateLimitSettings, RedisStorage, Storage
 from ratelimit_mw.middleware import RateLimitMiddleware
-from ratelimit_mw.storage import inflight
 from ratelimit_mw.tiers import Tier
 from tests.conftest import FakeClock, free_port
 from tests.redis_servers import delayed
+from tests.wire_recording import Writes, recording_storage
 
 from .conftest import CLIENT, client_for, make_app
 
@@ -514,20 +514,14 @@ async def test_redis_give_back_does_not_wait_for_redis_yet_comes_first(
 
 
 async def test_redis_give_back_is_written_before_the_end_of_the_response(
-    redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch,
+    redis_url: str, redis_prefix: str,
 ) -> None:
     """The slot's ZREM leaves for Redis before the last body chunk is sent: another
     worker that the client turns to next finds the slot free, unless this worker's
     path to Redis is slower than the client's round trip to that worker."""
     events: list[str] = []
-    original = inflight.Pipe.write
-
-    def recording(self: Any, batch: Any, entries: list[Any]) -> None:
-        events.extend("zrem" for entry in entries if entry[0] is inflight.RELEASE)
-        original(self, batch, entries)
-
-    monkeypatch.setattr(inflight.Pipe, "write", recording)
-    storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, timeout=1.0)
+    writes = Writes()
+    storage = recording_storage(redis_url, writes, prefix=redis_prefix, timeout=1.0)
     middleware = RateLimitMiddleware(
         PlainTextResponse("ok"), tiers=[Tier("t", "1000/minute", concurrency=1)],
         storage=storage)
@@ -537,6 +531,7 @@ async def test_redis_give_back_is_written_before_the_end_of_the_response(
 
     async def send(message: Any) -> None:
         if message["type"] == "http.response.body" and not message.get("more_body"):
+            events.extend(["zrem"] * writes.commands().count(b"ZREM"))
             events.append("end of response")
 
     scope = {"type": "http", "method": "GET", "path": "/", "headers": [],
@@ -584,13 +579,14 @@ async def test_a_background_task_after_the_response_holds_no_slot(
 
 @pytest.mark.parametrize("ending", ["raises", "cancelled", "no body"])
 async def test_redis_slot_comes_back_however_the_app_call_ends(
-    redis_url: str, redis_prefix: str, ending: str, monkeypatch: pytest.MonkeyPatch,
+    redis_url: str, redis_prefix: str, ending: str,
 ) -> None:
     """On pipelined Redis (slots given back without awaiting): an app that raises after
     its response started, one cancelled (a client gone), or one that never sends a body
     still gives its slot back, once, and its own outcome is what the server sees; the
     response start carries the rate-limit headers."""
-    storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, timeout=1.0)
+    writes = Writes()
+    storage = recording_storage(redis_url, writes, prefix=redis_prefix, timeout=1.0)
     sent: list[dict[str, Any]] = []
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
@@ -616,14 +612,6 @@ async def test_redis_slot_comes_back_however_the_app_call_ends(
     )
     scope = {"type": "http", "method": "GET", "path": "/", "headers": [],
              "query_string": b"", "client": CLIENT}
-    released: list[str] = []
-    original = inflight.Pipe.write
-
-    def recording(self: Any, batch: Any, entries: list[Any]) -> None:
-        released.extend(entry[0].name for entry in entries if entry[0] is inflight.RELEASE)
-        original(self, batch, entries)
-
-    monkeypatch.setattr(inflight.Pipe, "write", recording)
     try:
         if ending == "no body":
             await middleware(scope, receive, send)
@@ -632,7 +620,7 @@ async def test_redis_slot_comes_back_however_the_app_call_ends(
             with pytest.raises(expected):
                 await middleware(scope, receive, send)
         assert await in_flight(storage, 1) == 0
-        assert len(released) == 1
+        assert writes.commands().count(b"ZREM") == 1
         assert (b"x-ratelimit-limit", b"1000") in sent[0]["headers"]
     finally:
         await storage.close()
