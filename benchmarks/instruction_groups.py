@@ -45,13 +45,13 @@ ROWS: list[tuple[str, str, tuple[str, ...]]] = [
      ("pack", "hash")),
     ("hash", "· `pack_hits`'s `lru_cache` key: the `Hit` dataclass's `__hash__`, "
      "interpreted", ("hash",)),
-    ("pipe", "the pipeline: `_queue`; `storage/pipe.py`, `storage/inflight.py`, "
-     "interpreted", ("queue", "flush", "answer", "pipe")),
+    ("pipe", "the pipeline: `_queue`; `storage/pipe.py`, `storage/inflight.py`",
+     ("queue", "flush", "answer", "pipe")),
     ("queue", "· queueing: `_queue`, `Pipeline.put`, `Pipeline.connected`", ("queue",)),
     ("flush", "· flushing: `Pipeline.flush`, `Batch`, `live`, `Pipe.write`", ("flush",)),
     ("answer", "· answering: `Pipeline.answer`, `Batch.answered`, `report_failure`",
      ("answer",)),
-    ("read", "reading the reply: `Pipe.data_received` (interpreted), hiredis", ("read",)),
+    ("read", "reading the reply: `Pipe.data_received`, hiredis", ("read",)),
     ("hdr", "headers: `Limiter._finish` → `HeaderFormat.dynamic`, `AddingHeaders` → "
      "`with_headers` (`headers`: its interpreted wrapper)", ("hdr",)),
     ("slot", "the concurrency slot: `_holding`, holds, lease renewals, disconnect watch, "
@@ -96,6 +96,11 @@ def _compiled_group(name: str) -> str:
         return "pack"
     if name.endswith("RedisStorage____queue"):
         return "queue"
+    if module in ("pipe", "inflight"):
+        step = re.sub(r"^.*?(?:pipe|inflight)___", "", name).replace("___", ".")
+        if step == "Pipe.data_received":
+            return "read"
+        return _PIPE_STEPS.get(step, "pipe")
     if module in ("holds", "leases", "disconnects", "lease_ids") or name.endswith((
             "RedisStorage___release_now", "RedisStorage____queue_release",
             "RedisStorage____queue_releases", "RedisStorage____write_now")):

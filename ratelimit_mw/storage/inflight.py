@@ -5,6 +5,7 @@ arrive and hands each to the oldest command still waiting for one."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -17,8 +18,10 @@ from redis.asyncio.connection import AbstractConnection
 from ..hits import Slot
 from .functions import function_missing, server_lacks_functions, too_old
 
+logger = logging.getLogger("ratelimit_mw")
+
 __all__ = ["DECIDE", "RELEASE", "SETTLE", "Batch", "Kind", "Owner", "Pipe", "Queued",
-           "TakenSlots", "fail", "forget", "live", "mark_seen", "report_failure"]
+           "Reported", "TakenSlots", "fail", "forget", "live", "mark_seen"]
 
 
 class Kind(NamedTuple):
@@ -38,9 +41,61 @@ SETTLE = Kind("settle", closes=True)
 TakenSlots = tuple[str, tuple[Slot, ...], str]
 """The concurrency slots a decision may take: its identity, ``(scope, uid)`` of each
 slot, and the lease id."""
-Queued = tuple[Kind, bytes, "asyncio.Future[Any]", float, TakenSlots | None]
-"""A packed command waiting for the next flush, the future of its reply, when its
-caller stops waiting (loop time; inf: never), and the slots a decision may take."""
+
+
+class Reported:
+    """Where the reply of a command nobody awaits goes (a slot given back or a charge
+    settled before the response ends): a success nowhere, a failure to
+    ``on_failure(items, error)`` as it comes. It offers the few methods of a future that
+    the pipeline calls, without a future's trip through the event loop."""
+
+    __slots__ = ("_done", "_on_failure", "_waiter", "items")
+
+    def __init__(self, on_failure: Callable[[Sequence[Any], BaseException], None],
+                 items: Sequence[Any]) -> None:
+        self._on_failure = on_failure
+        self.items = items
+        self._done = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def cancelled(self) -> bool:
+        return False
+
+    def set_result(self, result: object) -> None:
+        self._end()
+
+    def set_exception(self, exc: BaseException) -> None:
+        if self._done:
+            return
+        self._end()
+        try:
+            self._on_failure(self.items, exc)
+        except Exception:  # the pipe's callbacks must go on reading
+            logger.exception("ratelimit_mw: reporting a failed %s raised",
+                             type(self.items[0]).__name__ if self.items else "command")
+
+    def waiter(self) -> asyncio.Future[None]:
+        """A future of the running loop, done when this is (``close`` waits on it)."""
+        if self._waiter is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+            if self._done:
+                self._waiter.set_result(None)
+        return self._waiter
+
+    def _end(self) -> None:
+        self._done = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+Queued = tuple[Kind, bytes, "asyncio.Future[Any] | Reported", float, TakenSlots | None]
+"""A packed command waiting for the next flush, where its reply goes (a future its
+caller awaits, or ``Reported``), when its caller stops waiting (loop time; inf: never),
+and the slots a decision may take."""
 
 
 class Batch:
@@ -238,7 +293,7 @@ def live(entries: list[Queued]) -> list[Queued]:
     return [entry for entry in entries if entry[0].closes or not entry[2].done()]
 
 
-def fail(future: asyncio.Future[Any], exc: BaseException) -> None:
+def fail(future: asyncio.Future[Any] | Reported, exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)
 
@@ -247,13 +302,3 @@ def mark_seen(future: asyncio.Future[Any]) -> None:
     """Mark a fire-and-forget command's error as seen (its slot frees with its lease)."""
     if not future.cancelled():
         future.exception()
-
-
-def report_failure(on_failure: Callable[[Sequence[Any], BaseException], None],
-                   holds: Sequence[Any], future: asyncio.Future[Any]) -> None:
-    """Hand a failed release's or settlement's error to ``on_failure``."""
-    if future.cancelled():
-        return
-    exc = future.exception()
-    if exc is not None:
-        on_failure(holds, exc)

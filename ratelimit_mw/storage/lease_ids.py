@@ -22,10 +22,17 @@ class _LeaseIds:
         self._prefix = secrets.token_hex(8)
         self._count = itertools.count()
 
-    def __call__(self) -> str:
-        return f"{self._prefix}{next(self._count):x}"
+    def draw(self) -> str:
+        # Concatenation, not an f-string with a format spec: this runs per decision.
+        return self._prefix + str(next(self._count))
 
 
-new_lease_id = _LeaseIds()
+_ids = _LeaseIds()
 # A worker forked after this import (gunicorn --preload) must not repeat its parent's ids.
-os.register_at_fork(after_in_child=new_lease_id.renew)
+os.register_at_fork(after_in_child=_ids.renew)
+
+
+def new_lease_id() -> str:
+    """A lease id no other lease of any process has: the process's random prefix (16 hex
+    digits), then its count."""
+    return _ids.draw()

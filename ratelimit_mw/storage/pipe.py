@@ -27,9 +27,9 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 
-from .inflight import Batch, Kind, Pipe, Queued, TakenSlots, fail, forget, live
+from .inflight import Batch, Kind, Pipe, Queued, Reported, TakenSlots, fail, forget, live
 
-__all__ = ["Kind", "Pipeline", "Queued", "TakenSlots"]
+__all__ = ["Kind", "Pipeline", "Queued", "Reported", "TakenSlots"]
 
 _MOST_DOUBTFUL = 10_000  # slots kept to give back after a lost connection; more lapse
 
@@ -82,6 +82,14 @@ class Pipeline:
         if not self._pending:
             loop.call_soon(self.flush)
         self._pending.append(entry)
+
+    def write_now(self, entries: list[Queued], loop: asyncio.AbstractEventLoop) -> None:
+        """Write ``entries`` now, with whatever this tick has queued before them (on
+        ``loop``, the running loop)."""
+        if loop is not self._loop:
+            self._move_to(loop)
+        self._pending += entries
+        self.flush(loop)
 
     def _move_to(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start again on ``loop``, without what an earlier loop left behind.
@@ -300,8 +308,9 @@ class Pipeline:
                 fail(entry[2], closed)
         self._pending = [entry for entry in self._pending if entry[0].closes]
         self.flush()
-        waits = [entry[2] for entry in self._unanswered()
-                 if entry[0].closes and not entry[2].done()]
+        waits = [reply.waiter() if isinstance(reply, Reported) else reply
+                 for kind, _, reply, _, _ in self._unanswered()
+                 if kind.closes and not reply.done()]
         if waits:
             await asyncio.wait(waits, timeout=1.0)
         if self._connecting is not None:

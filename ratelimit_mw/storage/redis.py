@@ -6,7 +6,7 @@ import asyncio
 import math
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from mypy_extensions import mypyc_attr
 from redis.asyncio import Redis
@@ -26,7 +26,7 @@ from .base import (
 from .eviction import warn_if_evicting
 from .faults import CONNECTION_LOST, REDIS_FAILURES, cause
 from .functions import FunctionCall, server_lacks_functions, too_old
-from .inflight import DECIDE, RELEASE, SETTLE, Kind, TakenSlots, mark_seen, report_failure
+from .inflight import DECIDE, RELEASE, SETTLE, Kind, Queued, Reported, TakenSlots, mark_seen
 from .keys import check_prefix, counter_suffix, identity_tag, redis_key
 from .lease_ids import new_lease_id
 from .pipe import Pipeline
@@ -259,18 +259,24 @@ class RedisStorage(Storage):
     def _queue(self, kind: Kind, command: bytes, wait: float | None = None,
                slots: TakenSlots | None = None) -> asyncio.Future[Any]:
         """Queue one command for the next flush (queued at once, so a caller cancelled
-        right after still has its command sent). Its caller waits at most ``wait``
-        seconds, else the client's socket timeout (a release at least 1 s, as a slot
-        not given back stays taken for its whole lease)."""
+        right after still has its command sent); the future of its reply."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
+        self._pipeline.put(  # type: ignore[union-attr]
+            self._entry(kind, command, future, wait, slots, loop), loop)
+        return future
+
+    def _entry(self, kind: Kind, command: bytes, reply: asyncio.Future[Any] | Reported,
+               wait: float | None, slots: TakenSlots | None,
+               loop: asyncio.AbstractEventLoop) -> Queued:
+        """A command for the pipeline. Its caller waits at most ``wait`` seconds, else the
+        client's socket timeout (a release at least 1 s, as a slot not given back stays
+        taken for its whole lease)."""
         if wait is None:  # the pipe reads without redis-py, so its socket timeout is ours
             wait = self._socket_timeout
         if kind.closes and wait is not None:
             wait = max(1.0, wait)
-        self._pipeline.put((kind, command, future,  # type: ignore[union-attr]
-                            math.inf if wait is None else loop.time() + wait, slots), loop)
-        return future
+        return kind, command, reply, math.inf if wait is None else loop.time() + wait, slots
 
     def _abandon(self, slots: TakenSlots) -> None:
         """Give back the slots of an admitted decision whose caller had given up."""
@@ -280,14 +286,17 @@ class RedisStorage(Storage):
 
     def _queue_release(self, lease: Lease) -> asyncio.Future[Any]:
         """The ZREM that gives ``lease``'s slot back, queued for the next flush."""
+        return self._queue(RELEASE, self._release_command(lease), self._bound(None))
+
+    def _release_command(self, lease: Lease) -> bytes:
+        """``ZREM`` of ``lease``'s id from its slot's sorted set."""
         slot = (lease.scope, lease.uid)
         suffix = self._suffixes.get(slot)
         if suffix is None:
             if len(self._suffixes) >= _CACHED:
                 self._suffixes.clear()
             suffix = self._suffixes[slot] = self._encode(counter_suffix(*slot))
-        name = self._packed_tag(lease.key) + suffix
-        return self._queue(RELEASE, pack_release(name, lease.id.encode()), self._bound(None))
+        return pack_release(self._packed_tag(lease.key) + suffix, lease.id.encode())
 
     def _queue_releases(self, leases: Sequence[Lease]) -> asyncio.Future[Any]:
         """The ZREMs of ``leases``, queued; done when all are answered (one future for
@@ -331,9 +340,16 @@ class RedisStorage(Storage):
         and ahead of every decision this storage makes later (one connection, in
         order); a failure reaches ``on_failure`` when Redis answers or the timeout
         passes (the slots then free themselves when their lease ends)."""
-        if self._pipeline is None or self.timeout is None:
+        pipeline = self._pipeline
+        if pipeline is None or self.timeout is None:
             return False
-        return self._write_now(self._queue_releases(leases), on_failure, leases)
+        loop = asyncio.get_running_loop()
+        wait = self._bound(None)
+        pipeline.write_now([
+            self._entry(RELEASE, self._release_command(lease),
+                        Reported(on_failure, leases if len(leases) == 1 else (lease,)),
+                        wait, None, loop) for lease in leases], loop)
+        return True
 
     settles: ClassVar[bool] = True
 
@@ -359,32 +375,36 @@ class RedisStorage(Storage):
         once, before the response's end goes out, and ahead of every decision this
         storage makes later (one connection, in order): the caller's next request
         finds them made."""
-        if self._pipeline is None:
+        pipeline = self._pipeline
+        if pipeline is None:
             return False
-        return self._write_now(self._queue_settlements(adjustments), on_failure,
-                               adjustments)
-
-    def _write_now(self, done: asyncio.Future[Any],
-                   on_failure: Callable[[Sequence[Any], BaseException], None],
-                   items: Sequence[Any]) -> bool:
-        """Flush the pipeline at once, so what ``done`` waits for is written before the
-        caller goes on; a failure reaches ``on_failure`` with ``items``."""
-        assert self._pipeline is not None
-        self._pipeline.flush(done.get_loop())
-        done.add_done_callback(partial(report_failure, on_failure, items))
+        loop = asyncio.get_running_loop()
+        wait = self._bound(None)
+        pipeline.write_now([
+            self._entry(SETTLE, command, Reported(on_failure, group), wait, None, loop)
+            for group, command in self._settle_commands(adjustments)], loop)
         return True
 
     def _queue_settlements(self, adjustments: Sequence[Adjustment]) -> asyncio.Future[Any]:
         """The settle.lua calls of ``adjustments``, queued; done when all are answered."""
+        wait = self._bound(None)
+        commands = self._settle_commands(adjustments)
+        if len(commands) == 1:
+            return self._queue(SETTLE, commands[0][1], wait)
+        return asyncio.gather(*[self._queue(SETTLE, command, wait) for _, command in commands])
+
+    def _settle_commands(
+        self, adjustments: Sequence[Adjustment],
+    ) -> list[tuple[Sequence[Adjustment], bytes]]:
+        """The settle.lua call of each identity's adjustments, beside them."""
         sha = self._settle_script.sha.encode()
         clock = self._clock_arg().encode()
-        wait = self._bound(None)
         if len(adjustments) == 1 or all(a.key == adjustments[0].key for a in adjustments):
-            tag = self._packed_tag(adjustments[0].key)  # the usual: one request's
-            return self._queue(SETTLE, pack_settle(sha, tag, clock, adjustments), wait)
-        return asyncio.gather(*[
-            self._queue(SETTLE, pack_settle(sha, self._packed_tag(group[0].key), clock, group),
-                        wait) for group in settlement_groups(adjustments)])
+            groups: Sequence[Sequence[Adjustment]] = [adjustments]  # the usual: one request's
+        else:
+            groups = settlement_groups(adjustments)
+        return [(group, pack_settle(sha, self._packed_tag(group[0].key), clock, group))
+                for group in groups]
 
     async def usage(
         self, key: str, granularity: Granularity, start: float, end: float,
@@ -438,22 +458,23 @@ class RedisStorage(Storage):
             await self._client.aclose()
 
 
-_new = tuple.__new__  # skips a named tuple's interpreted __new__: this runs per decision
+_new: Final = tuple.__new__  # skips a named tuple's interpreted __new__ (per decision)
 
 
 def _verdict(key: str, hits: Sequence[Hit], lease_id: str, slots: tuple[Slot, ...],
              reply: Any) -> Verdict:
     """The verdict in a decision's reply: admitted, the clock (µs), then four values per
     hit (admitted, remaining, reset µs, retry µs); a reply of another length raises."""
+    values: list[int] = reply  # raises TypeError (compiled) where it is not a list of ints
     decisions = []
     i = 2
     for hit in hits:
-        decisions.append(
-            decision_from(hit, bool(reply[i]), reply[i + 1], reply[i + 2], reply[i + 3]))
+        decisions.append(decision_from(
+            hit, values[i] != 0, values[i + 1], values[i + 2], values[i + 3]))
         i += 4
-    if i != len(reply):
-        raise ValueError(len(reply))
-    allowed = bool(reply[0])
+    if i != len(values):
+        raise ValueError(len(values))
+    allowed = values[0] != 0
     leases = tuple([_new(Lease, (key, scope, uid, lease_id)) for scope, uid in slots]
                    ) if allowed and lease_id else ()
-    return _new(Verdict, (allowed, tuple(decisions), leases, reply[1] / 1_000_000))
+    return _new(Verdict, (allowed, tuple(decisions), leases, values[1] / 1_000_000))

@@ -740,3 +740,48 @@ def test_a_storage_can_be_closed_from_a_later_event_loop(
         assert asyncio.run(storage.decide("k", [HIT])).allowed
         asyncio.run(storage.close())
         gc.collect()
+
+
+async def test_a_give_back_redis_never_answers_is_reported_once_per_slot() -> None:
+    """On a Redis that reads and never answers, each slot given back at once is reported
+    to ``on_failure`` once, with its own lease, when its deadline (at least 1 s) passes."""
+    async with frozen_redis() as (url, _):
+        storage = RedisStorage(aioredis.Redis.from_url(url), owns_client=True, timeout=0.1)
+        failures: list[tuple[Sequence[Any], BaseException]] = []
+        leases = (Lease("k", "", "a", "lease-a"), Lease("k", "", "b", "lease-b"))
+        try:
+            with pytest.raises(StorageError):  # sets up the connection, then times out
+                await storage.decide_within(0.1, "k", [HIT])
+            assert storage.release_now(leases, lambda items, exc: failures.append(
+                (items, exc)))
+            deadline = time.monotonic() + 3.0
+            while len(failures) < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+        finally:
+            await storage.close()
+    assert sorted(items[0].uid for items, _ in failures) == ["a", "b"]
+    assert all(len(items) == 1 and isinstance(exc, TimeoutError) for items, exc in failures)
+
+
+async def test_a_failure_report_that_raises_does_not_stop_the_replies(
+    redis_url: str, redis_prefix: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A settlement's ``on_failure`` that raises is logged; the pipe goes on handing
+    replies to the commands after it."""
+    storage = RedisStorage.from_url(redis_url, prefix=redis_prefix, timeout=1.0)
+
+    def broken(items: Sequence[Any], exc: BaseException) -> None:
+        raise RuntimeError("the report itself failed")
+
+    try:
+        await storage.decide("warm", [HIT])
+        reported = inflight.Reported(broken, ["a command"])
+        bad = storage._entry(inflight.RELEASE, b"*1\r\n$7\r\nNOTACMD\r\n", reported, 1.0, None,
+                             asyncio.get_running_loop())
+        storage._pipeline.write_now([bad], asyncio.get_running_loop())  # type: ignore[union-attr]
+        verdict = await storage.decide("user", [HIT])
+    finally:
+        await storage.close()
+    assert reported.done()
+    assert verdict.allowed
+    assert "reporting a failed str raised" in caplog.text
