@@ -39,9 +39,9 @@ ROWS: list[tuple[str, str, tuple[str, ...]]] = [
     ("decide", "the decision around the call: `Limiter.decide`, blocked keys, "
      "`GuardedStorage` and its breaker, `RedisStorage.decide_within`",
      ("decide", "verdict")),
-    ("verdict", "· the reply made `Decision`s and a `Verdict` (`decision_from`; "
-     "`NamedTuple.__new__`, interpreted)", ("verdict",)),
-    ("pack", "packing the command: `storage/wire.py`, `_packed`, `_packed_tag`",
+    ("verdict", "· the reply made `Decision`s and a `Verdict` (`verdict_from`, "
+     "`decision_from`)", ("verdict",)),
+    ("pack", "packing the command: `storage/wire.py`, `storage/packer.py`",
      ("pack", "hash")),
     ("hash", "· `pack_hits`'s `lru_cache` key: the `Hit` dataclass's `__hash__`, "
      "interpreted", ("hash",)),
@@ -92,7 +92,9 @@ def _compiled_group(name: str) -> str:
         return "key"
     if module in ("headers", "sending") or name.endswith("Limiter____finish"):
         return "hdr"
-    if module == "wire" or name.endswith(("RedisStorage____packed", "RedisStorage____packed_tag")):
+    if name.endswith(("Packer___release", "Packer___settlements")):
+        return "slot"
+    if module in ("wire", "packer") and "verdict_from" not in name:
         return "pack"
     if name.endswith("RedisStorage____queue"):
         return "queue"
@@ -105,7 +107,7 @@ def _compiled_group(name: str) -> str:
             "RedisStorage___release_now", "RedisStorage____queue_release",
             "RedisStorage____queue_releases", "RedisStorage____write_now")):
         return "slot"
-    if module == "decision":
+    if module == "decision" or name.endswith("verdict_from"):
         return "verdict"
     return "decide"
 

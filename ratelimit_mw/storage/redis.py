@@ -6,53 +6,46 @@ import asyncio
 import math
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar
 
 from mypy_extensions import mypyc_attr
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
-from ..decision import Adjustment, Hold, Lease, Verdict, decision_from
+from ..decision import Adjustment, Hold, Lease, Verdict
 from ..errors import ConfigError, StorageError
-from ..hits import Hit, MergedHits, Slot, merge_hits
-from ..rates import MAX_AMOUNT
+from ..hits import Hit, merge_hits
 from .base import (
     Granularity,
     Storage,
     UsageRetention,
-    bad_usage,
 )
 from .eviction import warn_if_evicting
 from .faults import CONNECTION_LOST, REDIS_FAILURES, cause
 from .functions import FunctionCall, server_lacks_functions, too_old
 from .inflight import DECIDE, RELEASE, SETTLE, Kind, Queued, Reported, TakenSlots, mark_seen
-from .keys import check_prefix, counter_suffix, identity_tag, redis_key
+from .keys import check_prefix, identity_tag, redis_key
 from .lease_ids import new_lease_id
+from .packer import Packer
 from .pipe import Pipeline
 from .pool import answer_within
 from .renewals import renew_leases
 from .scripts import decide_library, decide_script_source, renew_script_source, settle_script_source
-from .settlements import settle_adjustments, settlement_groups
+from .settlements import settle_adjustments
 from .standalone import client_from_url, forget_identity
 from .usage_reads import read_usage
 from .warmup import WARM_CONNECTIONS, probe_commands, warm_client, warm_cluster, warm_pipeline
 from .wire import (
-    PackedHits,
     hit_arg,
     pack_function_load,
-    pack_hits,
-    pack_release,
     pack_script_load,
-    pack_settle,
     slots_taken,
     spends_arg,
+    verdict_from,
 )
 
 __all__ = ["RedisStorage", "decide_script_source"]
-
-_CACHED = 4096  # packed hit lists and tags kept per storage (then forgotten at once)
-
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class RedisStorage(Storage):
@@ -64,10 +57,9 @@ class RedisStorage(Storage):
     Errors are raised as ``StorageError``; what to do then is the caller's policy.
     """
 
-    __slots__ = ("_client", "_clock", "_cold", "_decide", "_encode", "_owns_client", "_packed_hits",
-                 "_pipeline", "_renew_script", "_settle_script", "_socket_timeout", "_suffixes",
-                 "_tags", "_usage_args", "connect_timeout", "pipeline", "prefix", "retention",
-                 "timeout")
+    __slots__ = ("_client", "_clock", "_cold", "_decide", "_owns_client", "_packer", "_pipeline",
+                 "_renew_script", "_settle_script", "_socket_timeout", "connect_timeout",
+                 "pipeline", "prefix", "retention", "timeout")
 
     def __init__(
         self,
@@ -96,14 +88,10 @@ class RedisStorage(Storage):
                    f"{type(client).__name__}; leave pipeline unset for Redis Cluster")
             raise ConfigError(msg)
         self.retention = UsageRetention(*usage_retention).check()
-        self._usage_args: dict[int, bytes] = {}  # units -> decide.lua's usage argument
         kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
         socket_timeout = kwargs.get("socket_timeout") if self.pipeline else None
         self._socket_timeout: float | None = (
             float(socket_timeout) if isinstance(socket_timeout, int | float) else None)
-        self._packed_hits: dict[int, tuple[object, bool, PackedHits]] = {}
-        self._tags: dict[str, bytes] = {}
-        self._suffixes: dict[Slot, bytes] = {}  # (scope, uid) -> its counter's key suffix
         self._client = client
         self._owns_client = owns_client
         # Set by the tests alone: a clock (epoch seconds) that decides instead of Redis's
@@ -119,7 +107,8 @@ class RedisStorage(Storage):
             client, (pack_function_load(library.source), pack_script_load(settle_script)),
             self._abandon) if self.pipeline else None
         # Keys packed by hand are encoded as redis-py would (the client's encoding).
-        self._encode: Callable[[str], bytes] = (
+        self._packer = Packer(
+            self.prefix, library.function, self._settle_script.sha, self.retention,
             client.get_encoder().encode if self.pipeline else str.encode)
 
     @classmethod
@@ -166,17 +155,12 @@ class RedisStorage(Storage):
             wait = self._connecting_wait(wait)
         try:
             if self.pipeline:
-                packed = self._packed(hits, bool(usage))
-                slots = packed.slots
-                lease_id = new_lease_id() if slots else ""
-                command = packed.command(
-                    self._packed_tag(key), clock.encode(), lease_id.encode(),
-                    self._usage_arg(usage) + packed.spends if usage else b"")
+                command, slots, lease_id = self._packer.decision(key, hits, usage, clock.encode())
                 reply = await self._queue(DECIDE, command, wait,
                                           (key, slots, lease_id) if slots else None)
             else:
                 tag = identity_tag(self.prefix, key)
-                spec = self._usage_arg(usage).decode() + spends_arg(hits) if usage else ""
+                spec = self._packer.usage_arg(usage).decode() + spends_arg(hits) if usage else ""
                 slots = slots_taken(hits)
                 lease_id = new_lease_id() if slots else ""
                 keys = [redis_key(self.prefix, key, hit.scope, hit.limit.uid) for hit in hits]
@@ -191,7 +175,7 @@ class RedisStorage(Storage):
             raise StorageError(msg) from exc
         self._cold = False
         try:
-            return _verdict(key, hits, lease_id, slots, reply)
+            return verdict_from(key, hits, lease_id, slots, reply)
         except (TypeError, ValueError, IndexError, KeyError) as exc:
             msg = f"redis answered a decision with {str(reply)[:100]}, not a decision"
             raise StorageError(msg) from exc
@@ -201,18 +185,8 @@ class RedisStorage(Storage):
         time in microseconds."""
         return "" if self._clock is None else str(round(self._clock() * 1_000_000))
 
-    def _usage_arg(self, units: int) -> bytes:
-        """``hours,days,units``: the retention and what one admitted request adds."""
-        arg = self._usage_args.get(units)
-        if arg is None:
-            # Checked before the script runs: Redis takes no more, and a failed INCRBY
-            # would leave the limits it follows charged.
-            if not isinstance(units, int) or not 0 < units <= MAX_AMOUNT:
-                raise bad_usage(units)
-            arg = f"{self.retention.hours},{self.retention.days},{int(units)}".encode()
-            if len(self._usage_args) < 64:  # a few route costs; any others are made anew
-                self._usage_args[units] = arg
-        return arg
+    def _clock_bytes(self) -> bytes:
+        return self._clock_arg().encode()
 
     def _connecting_wait(self, wait: float | None) -> float | None:
         """What a decision may wait while a connection is being made: the connect
@@ -227,34 +201,6 @@ class RedisStorage(Storage):
         if self.timeout is None:
             return timeout
         return self.timeout if timeout is None else min(timeout, self.timeout)
-
-    def _packed(self, hits: Sequence[Hit], usage: bool) -> PackedHits:
-        """What the decisions of ``hits`` share on the wire. A limit set's merged hits, or
-        the one hit of a one-limit set (never changed, so known by identity), skip hashing
-        every hit again."""
-        known: object = hits
-        if type(hits) is not MergedHits:
-            if type(hits) is not tuple or len(hits) != 1:
-                return pack_hits(self._decide.library.function, tuple(hits), usage)
-            known = hits[0]
-        cached = self._packed_hits.get(id(known))
-        if cached is not None and cached[0] is known and cached[1] is usage:
-            return cached[2]
-        packed = pack_hits(self._decide.library.function, tuple(hits), usage)
-        if len(self._packed_hits) >= _CACHED:
-            self._packed_hits.clear()
-        self._packed_hits[id(known)] = (known, usage, packed)  # held: its id stays its own
-        return packed
-
-    def _packed_tag(self, key: str) -> bytes:
-        """The encoded hash tag of ``key``'s keys (an identity decides, gives its slot
-        back, and comes again)."""
-        tag = self._tags.get(key)
-        if tag is None:
-            if len(self._tags) >= _CACHED:
-                self._tags.clear()
-            tag = self._tags[key] = self._encode(identity_tag(self.prefix, key))
-        return tag
 
     def _queue(self, kind: Kind, command: bytes, wait: float | None = None,
                slots: TakenSlots | None = None) -> asyncio.Future[Any]:
@@ -286,17 +232,7 @@ class RedisStorage(Storage):
 
     def _queue_release(self, lease: Lease) -> asyncio.Future[Any]:
         """The ZREM that gives ``lease``'s slot back, queued for the next flush."""
-        return self._queue(RELEASE, self._release_command(lease), self._bound(None))
-
-    def _release_command(self, lease: Lease) -> bytes:
-        """``ZREM`` of ``lease``'s id from its slot's sorted set."""
-        slot = (lease.scope, lease.uid)
-        suffix = self._suffixes.get(slot)
-        if suffix is None:
-            if len(self._suffixes) >= _CACHED:
-                self._suffixes.clear()
-            suffix = self._suffixes[slot] = self._encode(counter_suffix(*slot))
-        return pack_release(self._packed_tag(lease.key) + suffix, lease.id.encode())
+        return self._queue(RELEASE, self._packer.release(lease), self._bound(None))
 
     def _queue_releases(self, leases: Sequence[Lease]) -> asyncio.Future[Any]:
         """The ZREMs of ``leases``, queued; done when all are answered (one future for
@@ -346,7 +282,7 @@ class RedisStorage(Storage):
         loop = asyncio.get_running_loop()
         wait = self._bound(None)
         pipeline.write_now([
-            self._entry(RELEASE, self._release_command(lease),
+            self._entry(RELEASE, self._packer.release(lease),
                         Reported(on_failure, leases if len(leases) == 1 else (lease,)),
                         wait, None, loop) for lease in leases], loop)
         return True
@@ -382,29 +318,16 @@ class RedisStorage(Storage):
         wait = self._bound(None)
         pipeline.write_now([
             self._entry(SETTLE, command, Reported(on_failure, group), wait, None, loop)
-            for group, command in self._settle_commands(adjustments)], loop)
+            for group, command in self._packer.settlements(adjustments, self._clock_bytes())], loop)
         return True
 
     def _queue_settlements(self, adjustments: Sequence[Adjustment]) -> asyncio.Future[Any]:
         """The settle.lua calls of ``adjustments``, queued; done when all are answered."""
         wait = self._bound(None)
-        commands = self._settle_commands(adjustments)
+        commands = self._packer.settlements(adjustments, self._clock_bytes())
         if len(commands) == 1:
             return self._queue(SETTLE, commands[0][1], wait)
         return asyncio.gather(*[self._queue(SETTLE, command, wait) for _, command in commands])
-
-    def _settle_commands(
-        self, adjustments: Sequence[Adjustment],
-    ) -> list[tuple[Sequence[Adjustment], bytes]]:
-        """The settle.lua call of each identity's adjustments, beside them."""
-        sha = self._settle_script.sha.encode()
-        clock = self._clock_arg().encode()
-        if len(adjustments) == 1 or all(a.key == adjustments[0].key for a in adjustments):
-            groups: Sequence[Sequence[Adjustment]] = [adjustments]  # the usual: one request's
-        else:
-            groups = settlement_groups(adjustments)
-        return [(group, pack_settle(sha, self._packed_tag(group[0].key), clock, group))
-                for group in groups]
 
     async def usage(
         self, key: str, granularity: Granularity, start: float, end: float,
@@ -457,24 +380,3 @@ class RedisStorage(Storage):
         if self._owns_client:
             await self._client.aclose()
 
-
-_new: Final = tuple.__new__  # skips a named tuple's interpreted __new__ (per decision)
-
-
-def _verdict(key: str, hits: Sequence[Hit], lease_id: str, slots: tuple[Slot, ...],
-             reply: Any) -> Verdict:
-    """The verdict in a decision's reply: admitted, the clock (µs), then four values per
-    hit (admitted, remaining, reset µs, retry µs); a reply of another length raises."""
-    values: list[int] = reply  # raises TypeError (compiled) where it is not a list of ints
-    decisions = []
-    i = 2
-    for hit in hits:
-        decisions.append(decision_from(
-            hit, values[i] != 0, values[i + 1], values[i + 2], values[i + 3]))
-        i += 4
-    if i != len(values):
-        raise ValueError(len(values))
-    allowed = values[0] != 0
-    leases = tuple([_new(Lease, (key, scope, uid, lease_id)) for scope, uid in slots]
-                   ) if allowed and lease_id else ()
-    return _new(Verdict, (allowed, tuple(decisions), leases, values[1] / 1_000_000))

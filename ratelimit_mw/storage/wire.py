@@ -1,4 +1,4 @@
-"""Commands packed by hand.
+"""Commands packed by hand, and the decisions read from their replies.
 
 A decision's ``FCALL`` is mostly the same bytes from one request to the next: the
 limits of its limit set. They are packed once per list of hits (``pack_hits``); a
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import NamedTuple
+from typing import Any, Final, NamedTuple
 
-from ..decision import Adjustment
+from ..decision import Adjustment, Lease, Verdict, decision_from
 from ..hits import Hit, Slot, spends
 from ..limits import Limit
 from .keys import counter_suffix
@@ -30,6 +30,7 @@ __all__ = [
     "pack_settle",
     "slots_taken",
     "spends_arg",
+    "verdict_from",
 ]
 
 
@@ -168,3 +169,25 @@ def _settled_limit(limit: Limit) -> bytes:
     """A limit's first four settle.lua arguments: algorithm, amount, period, capacity."""
     return b"".join(bulk(str(value).encode()) for value in (
         limit.algorithm, limit.amount, limit.period_us, limit.capacity))
+
+
+_new: Final = tuple.__new__  # skips a named tuple's interpreted __new__ (per decision)
+
+
+def verdict_from(key: str, hits: Sequence[Hit], lease_id: str, slots: tuple[Slot, ...],
+             reply: Any) -> Verdict:
+    """The verdict in a decision's reply: admitted, the clock (µs), then four values per
+    hit (admitted, remaining, reset µs, retry µs); a reply of another length raises."""
+    values: list[int] = reply  # raises TypeError (compiled) where it is not a list of ints
+    decisions = []
+    i = 2
+    for hit in hits:
+        decisions.append(decision_from(
+            hit, values[i] != 0, values[i + 1], values[i + 2], values[i + 3]))
+        i += 4
+    if i != len(values):
+        raise ValueError(len(values))
+    allowed = values[0] != 0
+    leases = tuple([_new(Lease, (key, scope, uid, lease_id)) for scope, uid in slots]
+                   ) if allowed and lease_id else ()
+    return _new(Verdict, (allowed, tuple(decisions), leases, values[1] / 1_000_000))
