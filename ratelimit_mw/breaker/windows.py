@@ -11,16 +11,20 @@ __all__ = ["CountWindow", "TimeWindow"]
 class CountWindow:
     """Outcomes of the last ``size`` calls."""
 
-    __slots__ = ("_failures", "_outcomes", "_slow")
+    __slots__ = ("_failures", "_outcomes", "_size", "_slow")
 
     def __init__(self, size: int) -> None:
         self._outcomes: deque[tuple[bool, bool]] = deque(maxlen=size)
+        self._size = size
         self._failures = 0
         self._slow = 0
 
     def record(self, now: float, failed: bool, slow: bool) -> None:
         """Add one outcome, dropping the oldest when the window is full."""
-        if len(self._outcomes) == self._outcomes.maxlen:
+        if not (failed or slow or self._failures or self._slow) and (
+                len(self._outcomes) == self._size):
+            return  # all successes, full: one more in, one out leaves it as it is
+        if len(self._outcomes) == self._size:
             old_failed, old_slow = self._outcomes[0]
             self._failures -= old_failed
             self._slow -= old_slow

@@ -9,7 +9,7 @@ import logging
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 import hiredis
 from redis import exceptions as redis_errors
@@ -161,7 +161,10 @@ class Owner(Protocol):
     def lost(self, pipe: Pipe, exc: Exception) -> None: ...
 
 
-_NO_REPLY = object()  # what the reader gives while a reply is incomplete (RESP3 has false)
+_NO_REPLY: Final = object()  # what the reader gives while a reply is incomplete (RESP3 has
+# false); Final, as the two below: compiled, a C static rather than a look-up per reply
+_PUSH: Final = hiredis.PushNotification
+_RESPONSE_ERROR: Final = redis_errors.ResponseError
 
 
 class Pipe:
@@ -198,7 +201,10 @@ class Pipe:
         for entry in entries:
             waiting.append((batch, entry, False))
         batch.left += len(entries)
-        self.transport.write(b"".join([entry[1] for entry in entries]))
+        if len(entries) == 1:  # a lone decision, a slot given back at once
+            self.transport.write(entries[0][1])
+        else:
+            self.transport.write(b"".join([entry[1] for entry in entries]))
 
     def reload(self, scripts: tuple[bytes, ...], batch: Batch, entry: Queued) -> None:
         """After NOSCRIPT (a restarted or flushed Redis): load the scripts, once for all
@@ -219,7 +225,8 @@ class Pipe:
         owner = self._owner
         try:
             while (reply := reader.gets()) is not _NO_REPLY:
-                if isinstance(reply, _PUSH):
+                plain = type(reply) is list or type(reply) is int  # a decision, a ZREM
+                if not plain and isinstance(reply, _PUSH):
                     continue  # RESP3 out-of-band news (maintenance notices): no reply
                 batch, entry, again = waiting.popleft()
                 if batch is None or entry is None:  # the reply to a SCRIPT LOAD
@@ -227,7 +234,7 @@ class Pipe:
                     if isinstance(reply, Exception):
                         self.load_error = reply
                     continue
-                if isinstance(reply, redis_errors.ResponseError):
+                if not plain and isinstance(reply, _RESPONSE_ERROR):
                     reply = _error(reply)
                     if isinstance(reply, redis_errors.NoScriptError):
                         if not again and not entry[2].done():
@@ -262,8 +269,6 @@ class Pipe:
     def resume_writing(self) -> None:
         """The transport's buffer has drained."""
 
-
-_PUSH = hiredis.PushNotification
 
 
 def _error(reply: redis_errors.ResponseError) -> redis_errors.ResponseError:

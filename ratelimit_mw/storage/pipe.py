@@ -220,7 +220,7 @@ class Pipeline:
             if slots is not None and isinstance(reply, list) and reply and reply[0] == 1:
                 self._abandon(slots)
             return
-        if isinstance(reply, Exception):
+        if type(reply) is not list and type(reply) is not int and isinstance(reply, Exception):
             future.set_exception(reply)
         else:
             future.set_result(reply)
