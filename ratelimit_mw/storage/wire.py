@@ -36,7 +36,15 @@ __all__ = [
 
 def bulk(value: bytes) -> bytes:
     """One RESP bulk string."""
-    return b"$%d\r\n%b\r\n" % (len(value), value)
+    size = len(value)
+    if size < _SHORT:  # keys, lease ids, arguments: the length's prefix made once
+        return b"".join([_PREFIXES[size], value, b"\r\n"])
+    return b"$%d\r\n%b\r\n" % (size, value)
+
+
+_SHORT = 256
+_PREFIXES: Final = [b"$%d\r\n" % size for size in range(_SHORT)]
+_EMPTY: Final = b"$0\r\n\r\n"  # an empty bulk string: no test clock, lease or usage
 
 
 class PackedHits(NamedTuple):
@@ -67,8 +75,9 @@ class PackedHits(NamedTuple):
             size = len(tag)
             keys = cache[tag] = b"".join([
                 b"$%d\r\n%b%b\r\n" % (size + len(key), tag, key) for key in self.keys])
-        return b"%b%b$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n%b" % (
-            self.head, keys, len(clock), clock, len(lease), lease, len(usage), usage, self.tail)
+        return b"".join([self.head, keys, bulk(clock) if clock else _EMPTY,
+                         bulk(lease) if lease else _EMPTY, bulk(usage) if usage else _EMPTY,
+                         self.tail])
 
 
 _PACKED_KEYS = 1024
@@ -128,7 +137,7 @@ def pack_function_load(library: str) -> bytes:
 
 def pack_release(key: bytes, lease: bytes) -> bytes:
     """``ZREM key lease``: one concurrency slot given back."""
-    return b"*3\r\n$4\r\nZREM\r\n%b%b" % (bulk(key), bulk(lease))
+    return b"".join([b"*3\r\n$4\r\nZREM\r\n", bulk(key), bulk(lease)])
 
 
 def pack_settle(sha: bytes, tag: bytes, clock: bytes, group: Sequence[Adjustment]) -> bytes:
