@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 import secrets
+from typing import Final
 
 __all__ = ["new_lease_id"]
 
@@ -20,14 +21,13 @@ class _LeaseIds:
 
     def renew(self) -> None:
         self._prefix = secrets.token_hex(8)
-        self._count = itertools.count()
+        self._count = itertools.count()  # next() is atomic: threads' draws never repeat
 
     def draw(self) -> str:
-        # Concatenation, not an f-string with a format spec: this runs per decision.
         return self._prefix + str(next(self._count))
 
 
-_ids = _LeaseIds()
+_ids: Final = _LeaseIds()
 # A worker forked after this import (gunicorn --preload) must not repeat its parent's ids.
 os.register_at_fork(after_in_child=_ids.renew)
 
