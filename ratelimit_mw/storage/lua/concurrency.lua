@@ -2,6 +2,13 @@
 -- State: sorted set of leases, member = lease id, score = when the lease expires.
 -- LEASE (from the driver) names the slot an admitted request takes.
 local CONCURRENCY_RETRY_HINT = 1000000
+local function concurrency_commit(key, now, ttl_ms, period, nonempty)
+  -- Ended leases go; an empty set (every slot given back: the common case) has none.
+  if nonempty then redis.call("ZREMRANGEBYSCORE", key, "-inf", fmt(now)) end
+  redis.call("ZADD", key, fmt(now + period), LEASE)
+  redis.call("PEXPIRE", key, ttl_ms)
+end
+
 ALGORITHMS.concurrency = function(key, now, amount, period, capacity, cost)
   local after = "(" .. fmt(now)
   -- The latest lease first: when it has ended (a caller with nothing in flight, the
@@ -23,10 +30,6 @@ ALGORITHMS.concurrency = function(key, now, amount, period, capacity, cost)
   if cost == 0 then
     return true, capacity - in_flight, reset, 0
   end
-  return true, capacity - in_flight - cost, math.max(reset, period), 0, function(ttl_ms)
-    -- Ended leases go; an empty set (every slot given back: the common case) has none.
-    if latest[2] then redis.call("ZREMRANGEBYSCORE", key, "-inf", fmt(now)) end
-    redis.call("ZADD", key, fmt(now + period), LEASE)
-    redis.call("PEXPIRE", key, ttl_ms)
-  end
+  return true, capacity - in_flight - cost, math.max(reset, period), 0, concurrency_commit,
+    period, latest[2] ~= nil
 end

@@ -26,3 +26,8 @@ local function parse_hit(arg)
   parsed_count = parsed_count + 1
   return hit
 end
+
+-- The driver's tables, kept from call to call in a Redis Function library (calls run
+-- one at a time) so that a decision makes none: per hit count, the reply, and per hit
+-- the commit (a function) and the four values it writes with.
+local replies, commits = {}, {}
