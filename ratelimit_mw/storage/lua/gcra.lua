@@ -16,7 +16,7 @@ local function gcra_ticks(amount, period, capacity)
 end
 
 local function gcra_commit(key, now, ttl_ms, ahead, per_us)
-  redis.call("SET", key, fmt(now + idiv(ahead, per_us)) .. "." .. fmt(imod(ahead, per_us)),
+  redis.call("SET", key, fmt(now + idiv(ahead, per_us)) .. "." .. text(imod(ahead, per_us)),
     "PX", ttl_ms)
 end
 
@@ -32,7 +32,7 @@ ALGORITHMS.gcra = function(key, now, amount, period, capacity, cost, delay)
     local dot = string.find(stored, ".", 1, true)
     local us, part
     if dot then
-      us, part = tonumber(string.sub(stored, 1, dot - 1)), tonumber(string.sub(stored, dot + 1))
+      us, part = tonumber(string.sub(stored, 1, dot - 1)), num(string.sub(stored, dot + 1))
     else
       us, part = tonumber(stored), 0
     end

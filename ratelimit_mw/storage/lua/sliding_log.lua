@@ -2,7 +2,7 @@
 -- State: sorted set, one member per admitted unit, scored by its timestamp.
 local function sl_commit(key, now, ttl_ms, period, cost, count, nonempty)
   -- Units that left the window go (an empty set has none); the `count` in it stay.
-  if nonempty then redis.call("ZREMRANGEBYSCORE", key, "-inf", fmt(now - period)) end
+  if nonempty then redis.call("ZREMRANGEBYSCORE", key, "-inf", now - period) end
   -- In ZADDs of at most 500 members: unpack() takes no more than about 8000 values,
   -- and a commit must not fail halfway (Redis keeps what a failed script wrote).
   local score = fmt(now)
@@ -10,7 +10,7 @@ local function sl_commit(key, now, ttl_ms, period, cost, count, nonempty)
     local args = {}
     for i = first, math.min(cost, first + 499) do
       args[#args + 1] = score
-      args[#args + 1] = score .. ":" .. fmt(count + i)
+      args[#args + 1] = score .. ":" .. text(count + i)
     end
     redis.call("ZADD", key, unpack(args))
   end
@@ -21,7 +21,7 @@ ALGORITHMS.sliding_log = function(key, now, amount, period, capacity, cost)
   local limit = amount
   -- The newest unit first: when it has left the window (or the set is empty), so have
   -- all the others, and they need no counting.
-  local newest = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")
+  local newest = redis.call("ZRANGE", key, "-1", "-1", "WITHSCORES")
   local count, reset = 0, 0
   if newest[2] then
     local latest = tonumber(newest[2])

@@ -19,7 +19,9 @@ local function tb_first(tokens, last, low, t, want, capacity, rate)
 end
 
 local function tb_commit(key, now, ttl_ms, left)
-  redis.call("HSET", key, "t", string.format("%.17g", left), "l", fmt(now))
+  -- Whole tokens (a full bucket less the cost: often the same) print alike either way.
+  local tokens = left % 1 == 0 and text(left) or string.format("%.17g", left)
+  redis.call("HSET", key, "t", tokens, "l", fmt(now))
   redis.call("PEXPIRE", key, ttl_ms)
 end
 

@@ -6,7 +6,8 @@
 -- are (hits.lua), up to HIT_CACHE of them.
 local parsed_usage, parsed_usage_count = {}, 0
 
--- {hours, days, units, {unit, amount, ...} of the units spent} of one argument.
+-- {hours, days, units, {series, amount, ...} of the units spent} of one argument, the
+-- amounts kept as strings, as INCRBY takes them.
 local function parse_usage(arg)
   local usage = parsed_usage[arg]
   if usage then return usage end
@@ -14,24 +15,25 @@ local function parse_usage(arg)
   local units = {}
   for unit, amount in string.gmatch(spent, ";([%w_-]+)=(%d+)") do
     units[#units + 1] = unit .. ":"
-    units[#units + 1] = tonumber(amount)
+    units[#units + 1] = amount
   end
-  usage = {tonumber(h), tonumber(d), tonumber(u), units}
+  usage = {tonumber(h), tonumber(d), u, units}
   if parsed_usage_count >= HIT_CACHE then parsed_usage, parsed_usage_count = {}, 0 end
   parsed_usage[arg] = usage
   parsed_usage_count = parsed_usage_count + 1
   return usage
 end
 
--- Counts `units` in the hour's and the day's bucket of `series` (a key prefix).
+-- Counts `units` (a string) in the hour's and the day's bucket of `series` (a key prefix).
 local function count_usage(series, units, now, hours, days)
+  local added = num(units)
   local hour, day = idiv(now, HOUR_US), idiv(now, DAY_US)
   local hour_key, day_key = series .. "h:" .. text(hour), series .. "d:" .. text(day)
   -- A bucket's end of life is fixed when it is created: set it then, not per request.
-  if redis.call("INCRBY", hour_key, units) == units then
+  if redis.call("INCRBY", hour_key, units) == added then
     redis.call("PEXPIRE", hour_key, math.ceil(((hour + hours) * HOUR_US - now) / 1000))
   end
-  if redis.call("INCRBY", day_key, units) == units then
+  if redis.call("INCRBY", day_key, units) == added then
     redis.call("PEXPIRE", day_key, math.ceil(((day + days) * DAY_US - now) / 1000))
   end
 end
