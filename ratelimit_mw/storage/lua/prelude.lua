@@ -12,8 +12,15 @@ local function idiv(a, b)
   return q
 end
 
+-- Lua's a % b is a - floor(a / b) * b, whose quotient may be one off: corrected here.
 local function imod(a, b)
-  return a - idiv(a, b) * b
+  local r = a % b
+  if r < 0 then
+    r = r + b
+  elseif r >= b then
+    r = r - b
+  end
+  return r
 end
 
 local function fmt(n)
