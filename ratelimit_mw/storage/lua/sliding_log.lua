@@ -3,16 +3,20 @@
 local function sl_commit(key, now, ttl_ms, period, cost, count, nonempty)
   -- Units that left the window go (an empty set has none); the `count` in it stay.
   if nonempty then redis.call("ZREMRANGEBYSCORE", key, "-inf", now - period) end
-  -- In ZADDs of at most 500 members: unpack() takes no more than about 8000 values,
-  -- and a commit must not fail halfway (Redis keeps what a failed script wrote).
   local score = fmt(now)
-  for first = 1, cost, 500 do
-    local args = {}
-    for i = first, math.min(cost, first + 499) do
-      args[#args + 1] = score
-      args[#args + 1] = score .. ":" .. text(count + i)
+  if cost == 1 then  -- one member (the common case): no table to unpack
+    redis.call("ZADD", key, score, score .. ":" .. text(count + 1))
+  else
+    -- In ZADDs of at most 500 members: unpack() takes no more than about 8000 values,
+    -- and a commit must not fail halfway (Redis keeps what a failed script wrote).
+    for first = 1, cost, 500 do
+      local args = {}
+      for i = first, math.min(cost, first + 499) do
+        args[#args + 1] = score
+        args[#args + 1] = score .. ":" .. text(count + i)
+      end
+      redis.call("ZADD", key, unpack(args))
     end
-    redis.call("ZADD", key, unpack(args))
   end
   redis.call("PEXPIRE", key, ttl_ms)
 end
