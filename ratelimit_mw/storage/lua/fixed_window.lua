@@ -1,9 +1,13 @@
 -- units: time in microseconds, amounts in requests. Twin of algorithms/fixed_window.py.
 -- State: hash {w = window start, c = count}.
 local function fw_commit(key, now, ttl_ms, start, used, opened)
-  redis.call("HSET", key, "w", text(start), "c", text(used))
-  -- The key lives to the end of its window: set once, when the window opens.
-  if opened then redis.call("PEXPIRE", key, ttl_ms) end
+  if opened then
+    redis.call("HSET", key, "w", text(start), "c", text(used))
+    -- The key lives to the end of its window: set once, when the window opens.
+    redis.call("PEXPIRE", key, ttl_ms)
+  else
+    redis.call("HSET", key, "c", text(used))
+  end
 end
 
 local function fw_in_window(key, now, start, finish, limit, cost)

@@ -52,9 +52,13 @@ local function swc_retry_at(saved, now, limit, period, cost)
 end
 
 local function swc_commit(key, now, ttl_ms, start, current, previous, opened)
-  redis.call("HSET", key, "w", text(start), "c", text(current), "p", text(previous))
-  -- The key lives to the end of the window after this one: set once per window.
-  if opened then redis.call("PEXPIRE", key, ttl_ms) end
+  if opened then
+    redis.call("HSET", key, "w", text(start), "c", text(current), "p", text(previous))
+    -- The key lives to the end of the window after this one: set once per window.
+    redis.call("PEXPIRE", key, ttl_ms)
+  else
+    redis.call("HSET", key, "c", text(current))
+  end
 end
 
 ALGORITHMS.sliding_window = function(key, now, amount, period, capacity, cost)
