@@ -1,11 +1,12 @@
 """Redis time per decision: how many decisions one Redis core (or Cluster shard) can make.
 
     python benchmarks/redis_time.py [--decisions 10000] [--runs 3] [--no-cluster]
-    python benchmarks/redis_time.py --callgrind --decisions 2000 --runs 1
+    python benchmarks/redis_time.py --callgrind --decisions 2000 --runs 1 [--identities 100]
 
 Starts its own redis-server (a standalone one, then a 3-primary Cluster) on free
 loopback ports, and for each case runs ``--decisions`` decisions over 10 000
-identities from 10 concurrent tasks, with a roomy limit (most are admitted, as in
+identities (``--identities``: fewer make each a returning caller, whose windows are
+open) from 10 concurrent tasks, with a roomy limit (most are admitted, as in
 production). Redis time is ``INFO commandstats`` ``usec`` after ``CONFIG RESETSTAT``,
 summed over the commands the client sent (a script's own commands are inside its
 time) and over every primary; "run" counts every command Redis ran, a script's
@@ -298,10 +299,13 @@ async def main() -> None:
     parser.add_argument("--decisions", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--no-cluster", action="store_true")
+    parser.add_argument("--identities", type=int, default=len(KEYS),
+                        help="how many callers the decisions go round (default: %(default)s)")
     parser.add_argument("--callgrind", action="store_true",
                         help="count the instructions redis-server runs per decision (in "
                              "thousands, in place of µs) under valgrind; standalone only")
     args = parser.parse_args()
+    KEYS[:] = [f"client-{i}" for i in range(args.identities)]
     server = redis_server_binary()
     results: dict[str, list[tuple[str, str, float, float, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="redis-time-") as workdir:

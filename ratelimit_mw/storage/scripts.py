@@ -29,9 +29,9 @@ def lua_source(*names: str) -> str:
 
 def decide_script_source() -> str:
     """The decision as a script: the prelude, one file per algorithm, the hits' parser,
-    then the driver (what ``decide_library`` loads, for servers and tools without
+    the usage history, then the driver (what ``decide_library`` loads, for servers and tools without
     Functions)."""
-    return lua_source(*_ALGORITHMS, "hits", "decide")
+    return lua_source(*_ALGORITHMS, "hits", "usage", "decide")
 
 
 class Library(NamedTuple):
@@ -47,7 +47,7 @@ def decide_library() -> Library:
     """The decision as a Redis Functions library: the algorithm files run once, when it
     is loaded; the driver is its one function. Library and function are named after a
     digest of the source, so servers shared by two versions of ratelimit_mw hold both."""
-    body = (lua_source(*_ALGORITHMS, "hits") + "\nlocal function decide(KEYS, ARGV)\n"
+    body = (lua_source(*_ALGORITHMS, "hits", "usage") + "\nlocal function decide(KEYS, ARGV)\n"
             + lua_source("decide") + "\nend\n")
     digest = sha1(body.encode(), usedforsecurity=False).hexdigest()[:16]
     name, function = f"ratelimit_mw_{digest}", f"ratelimit_mw_decide_{digest}"

@@ -16,56 +16,44 @@ local SLACK_MS = 1000
 local now = clock(ARGV[1])
 LEASE = ARGV[2]
 
+-- Every hit is decided (its counter read) before any commits: all or nothing. An
+-- admitted hit's commit is a function of the library and up to four values.
 local n = #ARGV - 3
-local steps = {}
+local reply = replies[n]
+if not reply then
+  reply = {}
+  replies[n] = reply
+end
 local admitted = true
 for i = 1, n do
   local hit = parse_hit(ARGV[3 + i])
-  local allowed, remaining, reset, retry, commit =
+  local allowed, remaining, reset, retry, commit, a, b, c, d =
     hit[1](KEYS[i], now, hit[2], hit[3], hit[4], hit[5], hit[6])
-  if not allowed then admitted = false end
-  steps[i] = {allowed, remaining, reset, retry, commit, hit}
+  local r, s = 4 * i - 1, 5 * i - 4
+  if allowed then reply[r] = 1 else reply[r], admitted = 0, false end
+  reply[r + 1], reply[r + 2], reply[r + 3] = remaining, reset, retry
+  commits[s], commits[s + 1], commits[s + 2], commits[s + 3], commits[s + 4] =
+    commit or false, a, b, c, d
 end
+reply[1], reply[2] = admitted and 1 or 0, now
 
-local reply, size = {admitted and 1 or 0, now}, 2
 for i = 1, n do
-  local s = steps[i]
-  if admitted then
-    if s[5] then s[5](math.ceil(s[3] / 1000) + SLACK_MS) end
-  elseif s[5] then
-    -- Report what the admitted limits look like without this request's cost.
-    local h = s[6]
-    local allowed, remaining, reset, retry = h[1](KEYS[i], now, h[2], h[3], h[4], 0, h[6])
-    s = {allowed, remaining, reset, retry}
+  local s = 5 * i - 4
+  local commit = commits[s]
+  if commit then
+    local r = 4 * i - 1
+    if admitted then
+      commit(KEYS[i], now, math.ceil(reply[r + 2] / 1000) + SLACK_MS,
+        commits[s + 1], commits[s + 2], commits[s + 3], commits[s + 4])
+    else
+      -- Report what the admitted limits look like without this request's cost.
+      local h = parse_hit(ARGV[3 + i])
+      local allowed, remaining, reset, retry = h[1](KEYS[i], now, h[2], h[3], h[4], 0, h[6])
+      reply[r], reply[r + 1], reply[r + 2], reply[r + 3] =
+        allowed and 1 or 0, remaining, reset, retry
+    end
   end
-  reply[size + 1] = s[1] and 1 or 0
-  reply[size + 2] = s[2]
-  reply[size + 3] = s[3]
-  reply[size + 4] = s[4]
-  size = size + 4
 end
 
-if admitted and ARGV[3] ~= "" then
-  -- Usage history: one counter per hour and per day, each kept for its retention,
-  -- counting the request's units (its cost), and one per unit it spends (tokens).
-  -- ARGV[3] is "hours,days,units", then ";unit=amount" per unit spent.
-  local h, d, u, spent = string.match(ARGV[3], "^(%d+),(%d+),(%d+)(.*)$")
-  local hours, days = tonumber(h), tonumber(d)
-  local hour, day = idiv(now, HOUR_US), idiv(now, DAY_US)
-  local buckets = string.match(KEYS[1], "^[^}]*}:") .. "u:"
-  local function count(series, units)
-    local hour_key, day_key = series .. "h:" .. text(hour), series .. "d:" .. text(day)
-    -- A bucket's end of life is fixed when it is created: set it then, not per request.
-    if redis.call("INCRBY", hour_key, units) == units then
-      redis.call("PEXPIRE", hour_key, math.ceil(((hour + hours) * HOUR_US - now) / 1000))
-    end
-    if redis.call("INCRBY", day_key, units) == units then
-      redis.call("PEXPIRE", day_key, math.ceil(((day + days) * DAY_US - now) / 1000))
-    end
-  end
-  count(buckets, tonumber(u))
-  for unit, amount in string.gmatch(spent, ";([%w_-]+)=(%d+)") do
-    count(buckets .. unit .. ":", tonumber(amount))
-  end
-end
+if admitted and ARGV[3] ~= "" then count_request(KEYS[1], ARGV[3], now) end
 return reply

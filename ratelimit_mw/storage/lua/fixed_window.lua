@@ -1,5 +1,15 @@
 -- units: time in microseconds, amounts in requests. Twin of algorithms/fixed_window.py.
 -- State: hash {w = window start, c = count}.
+local function fw_commit(key, now, ttl_ms, start, used, opened)
+  if opened then
+    redis.call("HSET", key, "w", text(start), "c", text(used))
+    -- The key lives to the end of its window: set once, when the window opens.
+    redis.call("PEXPIRE", key, ttl_ms)
+  else
+    redis.call("HSET", key, "c", text(used))
+  end
+end
+
 local function fw_in_window(key, now, start, finish, limit, cost)
   local count = 0
   local saved = redis.call("HMGET", key, "w", "c")
@@ -20,11 +30,7 @@ local function fw_in_window(key, now, start, finish, limit, cost)
   if cost == 0 then
     return true, limit - used, reset, 0
   end
-  return true, limit - used, reset, 0, function(ttl_ms)
-    redis.call("HSET", key, "w", text(start), "c", text(used))
-    -- The key lives to the end of its window: set once, when the window opens.
-    if opened then redis.call("PEXPIRE", key, ttl_ms) end
-  end
+  return true, limit - used, reset, 0, fw_commit, start, used, opened
 end
 
 ALGORITHMS.fixed_window = function(key, now, amount, period, capacity, cost)

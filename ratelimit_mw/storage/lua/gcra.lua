@@ -15,6 +15,11 @@ local function gcra_ticks(amount, period, capacity)
   return per_us, -idiv(-(period * per_us), amount)
 end
 
+local function gcra_commit(key, now, ttl_ms, ahead, per_us)
+  redis.call("SET", key, fmt(now + idiv(ahead, per_us)) .. "." .. text(imod(ahead, per_us)),
+    "PX", ttl_ms)
+end
+
 -- With delay (microseconds: a shaped limit's longest wait), a request that fits within
 -- it is admitted with its turn that far ahead, its retry saying how long it waits.
 ALGORITHMS.gcra = function(key, now, amount, period, capacity, cost, delay)
@@ -27,7 +32,7 @@ ALGORITHMS.gcra = function(key, now, amount, period, capacity, cost, delay)
     local dot = string.find(stored, ".", 1, true)
     local us, part
     if dot then
-      us, part = tonumber(string.sub(stored, 1, dot - 1)), tonumber(string.sub(stored, dot + 1))
+      us, part = tonumber(string.sub(stored, 1, dot - 1)), num(string.sub(stored, dot + 1))
     else
       us, part = tonumber(stored), 0
     end
@@ -52,8 +57,5 @@ ALGORITHMS.gcra = function(key, now, amount, period, capacity, cost, delay)
   end
   local left = 0
   if late <= 0 then left = idiv(-late, interval) end
-  return true, left, -idiv(-new_ahead, per_us), wait, function(ttl_ms)
-    redis.call("SET", key, fmt(now + idiv(new_ahead, per_us)) .. "." .. fmt(imod(new_ahead, per_us)),
-      "PX", ttl_ms)
-  end
+  return true, left, -idiv(-new_ahead, per_us), wait, gcra_commit, new_ahead, per_us
 end

@@ -3,8 +3,8 @@
 -- algorithm "gcra+<us>" for a shaped limit (whose admitted requests may wait that long
 -- for their turn). The same few come with every request, so each is parsed once and
 -- kept in the library (a Redis Function's upvalues outlive the call), up to HIT_CACHE
--- of them; then the cache starts over.
-local HIT_CACHE = 4096
+-- of them (few, as the prelude's MEMO is); then the cache starts over.
+local HIT_CACHE = 256
 local parsed_hits, parsed_count = {}, 0
 
 -- {algorithm function, amount, period, capacity, cost, longest wait} of one argument.
@@ -26,3 +26,8 @@ local function parse_hit(arg)
   parsed_count = parsed_count + 1
   return hit
 end
+
+-- The driver's tables, kept from call to call in a Redis Function library (calls run
+-- one at a time) so that a decision makes none: a reply for each number of hits, and
+-- per hit the commit (a function) and the four values it writes with.
+local replies, commits = {}, {}

@@ -12,8 +12,15 @@ local function idiv(a, b)
   return q
 end
 
+-- Lua's a % b is a - floor(a / b) * b, whose quotient may be one off: corrected here.
 local function imod(a, b)
-  return a - idiv(a, b) * b
+  local r = a % b
+  if r < 0 then
+    r = r + b
+  elseif r >= b then
+    r = r - b
+  end
+  return r
 end
 
 local function fmt(n)
@@ -22,8 +29,10 @@ end
 
 -- Conversions of values that repeat from call to call (a window's start, a count, the
 -- clock's seconds): each done once and remembered, up to MEMO values, in a Redis
--- Function library's memory (a script forgets them after each call).
-local MEMO = 4096
+-- Function library's memory (a script forgets them after each call). Kept few: Redis
+-- runs a step of Lua's garbage collector every 50 calls, which walks all the library
+-- keeps, so thousands of remembered values would cost each call more than they save.
+local MEMO = 256
 local memo_numbers, memo_texts, memo_size = {}, {}, 0
 
 local function memo_room()

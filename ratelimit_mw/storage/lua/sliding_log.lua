@@ -1,40 +1,51 @@
 -- units: time in microseconds, amounts in requests. Twin of algorithms/sliding_log.py.
 -- State: sorted set, one member per admitted unit, scored by its timestamp.
+local function sl_commit(key, now, ttl_ms, period, cost, count, nonempty)
+  -- Units that left the window go (an empty set has none); the `count` in it stay.
+  if nonempty then redis.call("ZREMRANGEBYSCORE", key, "-inf", now - period) end
+  local score = fmt(now)
+  if cost == 1 then  -- one member (the common case): no table to unpack
+    redis.call("ZADD", key, score, score .. ":" .. text(count + 1))
+  else
+    -- In ZADDs of at most 500 members: unpack() takes no more than about 8000 values,
+    -- and a commit must not fail halfway (Redis keeps what a failed script wrote).
+    for first = 1, cost, 500 do
+      local args = {}
+      for i = first, math.min(cost, first + 499) do
+        args[#args + 1] = score
+        args[#args + 1] = score .. ":" .. text(count + i)
+      end
+      redis.call("ZADD", key, unpack(args))
+    end
+  end
+  redis.call("PEXPIRE", key, ttl_ms)
+end
+
 ALGORITHMS.sliding_log = function(key, now, amount, period, capacity, cost)
   local limit = amount
-  local after = "(" .. fmt(now - period)
-  local count = redis.call("ZCOUNT", key, after, "+inf")
-  local reset = 0
-  if count > 0 then
-    local newest = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")
-    reset = tonumber(newest[2]) + period - now
+  -- The newest unit first: when it has left the window (or the set is empty), so have
+  -- all the others, and they need no counting.
+  local newest = redis.call("ZRANGE", key, "-1", "-1", "WITHSCORES")
+  local count, reset = 0, 0
+  if newest[2] then
+    local latest = tonumber(newest[2])
+    if latest > now - period then
+      count = redis.call("ZCOUNT", key, "(" .. fmt(now - period), "+inf")
+      reset = latest + period - now
+    end
   end
   if cost > limit then
     return false, limit - count, reset, NEVER
   end
   if count + cost > limit then
-    local nth = redis.call("ZRANGEBYSCORE", key, after, "+inf", "WITHSCORES",
-      "LIMIT", count + cost - limit - 1, 1)
+    local nth = redis.call("ZRANGEBYSCORE", key, "(" .. fmt(now - period), "+inf",
+      "WITHSCORES", "LIMIT", count + cost - limit - 1, 1)
     return false, limit - count, reset, tonumber(nth[2]) + period - now
   end
   if cost == 0 then
     return true, limit - count, reset, 0
   end
   -- After the clock stepped back, the latest unit still sets the reset.
-  return true, limit - count - cost, math.max(reset, period), 0, function(ttl_ms)
-    redis.call("ZREMRANGEBYSCORE", key, "-inf", fmt(now - period))
-    local size = redis.call("ZCARD", key)
-    -- In ZADDs of at most 500 members: unpack() takes no more than about 8000 values,
-    -- and a commit must not fail halfway (Redis keeps what a failed script wrote).
-    local score = fmt(now)
-    for first = 1, cost, 500 do
-      local args = {}
-      for i = first, math.min(cost, first + 499) do
-        args[#args + 1] = score
-        args[#args + 1] = score .. ":" .. fmt(size + i)
-      end
-      redis.call("ZADD", key, unpack(args))
-    end
-    redis.call("PEXPIRE", key, ttl_ms)
-  end
+  return true, limit - count - cost, math.max(reset, period), 0, sl_commit, period, cost,
+    count, newest[2] ~= nil
 end

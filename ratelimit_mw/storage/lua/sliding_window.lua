@@ -51,6 +51,16 @@ local function swc_retry_at(saved, now, limit, period, cost)
   return high
 end
 
+local function swc_commit(key, now, ttl_ms, start, current, previous, opened)
+  if opened then
+    redis.call("HSET", key, "w", text(start), "c", text(current), "p", text(previous))
+    -- The key lives to the end of the window after this one: set once per window.
+    redis.call("PEXPIRE", key, ttl_ms)
+  else
+    redis.call("HSET", key, "c", text(current))
+  end
+end
+
 ALGORITHMS.sliding_window = function(key, now, amount, period, capacity, cost)
   local limit = amount
   local saved = redis.call("HMGET", key, "w", "c", "p")
@@ -73,9 +83,6 @@ ALGORITHMS.sliding_window = function(key, now, amount, period, capacity, cost)
   if cost == 0 then
     return true, math.floor(limit - used), reset, 0
   end
-  return true, math.floor(limit - used - cost), start + 2 * period - now, 0, function(ttl_ms)
-    redis.call("HSET", key, "w", text(start), "c", text(current + cost), "p", text(previous))
-    -- The key lives to the end of the window after this one: set once per window.
-    if num(saved[1]) ~= start then redis.call("PEXPIRE", key, ttl_ms) end
-  end
+  return true, math.floor(limit - used - cost), start + 2 * period - now, 0, swc_commit,
+    start, current + cost, previous, num(saved[1]) ~= start
 end

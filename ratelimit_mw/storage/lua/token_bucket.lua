@@ -18,6 +18,13 @@ local function tb_first(tokens, last, low, t, want, capacity, rate)
   return t
 end
 
+local function tb_commit(key, now, ttl_ms, left)
+  -- Whole tokens (a full bucket less the cost: often the same) print alike either way.
+  local tokens = left % 1 == 0 and text(left) or string.format("%.17g", left)
+  redis.call("HSET", key, "t", tokens, "l", fmt(now))
+  redis.call("PEXPIRE", key, ttl_ms)
+end
+
 ALGORITHMS.token_bucket = function(key, now, amount, period, capacity, cost)
   local rate = amount / period
   local saved = redis.call("HMGET", key, "t", "l")
@@ -43,8 +50,5 @@ ALGORITHMS.token_bucket = function(key, now, amount, period, capacity, cost)
     return true, math.floor(tokens), reset, 0
   end
   local left = tokens - cost
-  return true, math.floor(left), math.ceil((capacity - left) / rate), 0, function(ttl_ms)
-    redis.call("HSET", key, "t", string.format("%.17g", left), "l", fmt(now))
-    redis.call("PEXPIRE", key, ttl_ms)
-  end
+  return true, math.floor(left), math.ceil((capacity - left) / rate), 0, tb_commit, left
 end
