@@ -4,6 +4,7 @@ per day."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from ..hits import Hit, spends
 from .base import BUCKET_SECONDS, Granularity, UsageRetention
@@ -23,10 +24,14 @@ class Histories:
     garbage collector, so an entry holding them would be traversed by every collection
     after each request."""
 
-    __slots__ = ("_by_key", "retention")
+    __slots__ = ("_by_key", "_days", "_hours", "retention")
 
     def __init__(self, retention: UsageRetention) -> None:
         self.retention = retention
+        # The retention's numbers as plain ints: read per request, and a named tuple's
+        # fields are a look-up each.
+        self._hours: int = retention.hours
+        self._days: int = retention.days
         self._by_key: dict[str, tuple[Buckets, Buckets]] = {}
 
     def __len__(self) -> int:
@@ -41,17 +46,20 @@ class Histories:
             history = self._by_key[key] = ({}, {})
         hours, days = history
         hour, day = now // _HOUR_US, now // _DAY_US
-        hours[hour] = hours.get(hour, 0) + units
-        days[day] = days.get(day, 0) + units
+        # Each bucket's number boxed once, for its look-up and its store.
+        hour_key: Any = hour
+        day_key: Any = day
+        hours[hour_key] = hours.get(hour_key, 0) + units
+        days[day_key] = days.get(day_key, 0) + units
         for unit, spent in spends(hits):
             hourly, daily = f"{unit}:{hour}", f"{unit}:{day}"
             hours[hourly] = hours.get(hourly, 0) + spent
             days[daily] = days.get(daily, 0) + spent
-        retention = self.retention
-        _forget_before(hours, hour - retention.hours, retention.hours)
-        _forget_before(days, day - retention.days, retention.days)
+        kept_hours, kept_days = self._hours, self._days
+        _forget_before(hours, hour - kept_hours, kept_hours)
+        _forget_before(days, day - kept_days, kept_days)
         # The hourly buckets' retention may be the longer one.
-        return max((day + retention.days) * _DAY_US, (hour + retention.hours) * _HOUR_US)
+        return max((day + kept_days) * _DAY_US, (hour + kept_hours) * _HOUR_US)
 
     def settle(self, key: str, unit: str, at: int, delta: int) -> None:
         """Move the ``unit`` buckets of the hour and day of ``at`` (µs) by ``delta``
