@@ -23,8 +23,6 @@ _LIMITER_HEADERS = frozenset((
     b"ratelimit", b"ratelimit-policy", b"ratelimit-limit", b"ratelimit-remaining",
     b"ratelimit-reset", b"retry-after"))
 """Every header name the middleware may add to a response."""
-_LIMITER_INITIALS = frozenset(b"xXrR")
-"""Their first letters, either case, as the ints a name's first byte reads as."""
 
 
 def _limiters(name: bytes) -> bool:
@@ -38,13 +36,17 @@ def with_headers(message: Message, headers: list[Header]) -> Message:
     the app set itself (its own win: never two of one name, which clients can't read).
     A copy: whoever sent the message may keep it (as a record of the response)."""
     own = message.get("headers", ())
-    for name, _ in own:
-        # The first letter first: most names go by without a lower-cased copy or a hash.
-        if name and name[0] in _LIMITER_INITIALS and _limiters(name.lower()):
+    for header in own:
+        name: bytes = header[0]
+        # The first letter first, either case ("x" or "r" with bit 5 set): most names go
+        # by without a lower-cased copy or a hash.
+        if name and (name[0] | 0x20) in (0x72, 0x78) and _limiters(name.lower()):
             names = {name.lower() for name, _ in own}
             headers = [header for header in headers if header[0] not in names]
             break
-    return {**message, "headers": [*own, *headers]}
+    copy = dict(message)
+    copy["headers"] = own + headers if type(own) is list else [*own, *headers]
+    return copy
 
 
 class AddingHeaders:
