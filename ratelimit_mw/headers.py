@@ -11,7 +11,7 @@ import functools
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
-from typing import Literal, get_args
+from typing import Final, Literal, get_args
 
 from mypy_extensions import mypyc_attr
 
@@ -33,7 +33,7 @@ __all__ = [
 
 HeaderStyle = Literal["legacy", "draft-6", "draft-7", "draft-11"]
 HEADER_STYLES: tuple[HeaderStyle, ...] = get_args(HeaderStyle)
-_IETF = ("draft-6", "draft-7", "draft-11")
+_IETF: Final = ("draft-6", "draft-7", "draft-11")
 
 
 def parse_header_style(value: str) -> tuple[HeaderStyle, ...]:
@@ -96,7 +96,7 @@ def _short_policy(limit: Limit) -> bytes:
 # policy). Found by identity (a Limit's own hash is a Python-level call, and this runs
 # per request); each entry holds its limit, so the id stays that limit's.
 _Texts = tuple[Limit, Header, Header, bytes]
-_TEXTS: dict[int, _Texts] = {}
+_TEXTS: Final[dict[int, _Texts]] = {}
 
 
 def _texts(limit: Limit) -> _Texts:
@@ -250,7 +250,7 @@ class HeaderFormat:
         return out
 
 
-_NAMES: dict[str, str] = {}  # policy name -> policy_name(name), looked up per request
+_NAMES: Final[dict[str, str]] = {}  # policy name -> policy_name(name), looked up per request
 
 
 def _written(name: str) -> str:

@@ -8,6 +8,7 @@ its own would add an object and a layer of awaiting to every message.
 from __future__ import annotations
 
 from collections.abc import Awaitable
+from typing import Final
 
 from starlette.types import Message, Send
 
@@ -15,10 +16,10 @@ from .asgi import Header
 
 __all__ = ["AddingHeaders", "CompletingDenial", "with_headers"]
 
-_RESPONSE_STARTS = frozenset(("http.response.start", "websocket.http.response.start",
+_RESPONSE_STARTS: Final = frozenset(("http.response.start", "websocket.http.response.start",
                               "websocket.accept"))
 
-_LIMITER_HEADERS = frozenset((
+_LIMITER_HEADERS: Final = frozenset((
     b"x-ratelimit-limit", b"x-ratelimit-remaining", b"x-ratelimit-reset", b"x-ratelimit-policy",
     b"ratelimit", b"ratelimit-policy", b"ratelimit-limit", b"ratelimit-remaining",
     b"ratelimit-reset", b"retry-after"))

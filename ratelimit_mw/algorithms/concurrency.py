@@ -7,11 +7,13 @@ its lease expires. The decision leaves the new lease to the storage, which names
 
 from __future__ import annotations
 
+from typing import Final
+
 from .base import NEVER_US, RawStep
 
 ConcurrencyState = tuple[tuple[int, str], ...]
 
-RETRY_HINT_US = 1_000_000
+RETRY_HINT_US: Final = 1_000_000
 """A slot may free up at any moment; a denied request is told to retry within 1 s
 (or when the oldest lease expires, if sooner)."""
 

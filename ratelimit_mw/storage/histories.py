@@ -4,14 +4,15 @@ per day."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from ..hits import Hit, spends
 from .base import BUCKET_SECONDS, Granularity, UsageRetention
 
 __all__ = ["Histories"]
 
-_HOUR_US, _DAY_US = 3_600_000_000, 86_400_000_000
+_HOUR_US: Final = 3_600_000_000
+_DAY_US: Final = 86_400_000_000
 
 Buckets = dict[int | str, int]
 """An identity's usage per hour or per day: requests under the bucket's number, other
@@ -24,14 +25,16 @@ class Histories:
     garbage collector, so an entry holding them would be traversed by every collection
     after each request."""
 
-    __slots__ = ("_by_key", "_days", "_hours", "retention")
+    __slots__ = ("_by_key", "_days", "_hours", "_kept_us", "retention")
 
     def __init__(self, retention: UsageRetention) -> None:
         self.retention = retention
-        # The retention's numbers as plain ints: read per request, and a named tuple's
-        # fields are a look-up each.
+        # The retention's numbers as plain ints, and as microseconds: read per request,
+        # where a named tuple's fields are a look-up each (and, compiled, a product this
+        # large is multiplied as a Python int).
         self._hours: int = retention.hours
         self._days: int = retention.days
+        self._kept_us: tuple[int, int] = (retention.hours * _HOUR_US, retention.days * _DAY_US)
         self._by_key: dict[str, tuple[Buckets, Buckets]] = {}
 
     def __len__(self) -> int:
@@ -59,7 +62,8 @@ class Histories:
         _forget_before(hours, hour - kept_hours, kept_hours)
         _forget_before(days, day - kept_days, kept_days)
         # The hourly buckets' retention may be the longer one.
-        return max((day + kept_days) * _DAY_US, (hour + kept_hours) * _HOUR_US)
+        hours_us, days_us = self._kept_us
+        return max(now - now % _DAY_US + days_us, now - now % _HOUR_US + hours_us)
 
     def settle(self, key: str, unit: str, at: int, delta: int) -> None:
         """Move the ``unit`` buckets of the hour and day of ``at`` (µs) by ``delta``

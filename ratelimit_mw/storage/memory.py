@@ -6,7 +6,7 @@ import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from mypy_extensions import mypyc_attr
 
@@ -21,11 +21,11 @@ from .histories import Histories
 
 __all__ = ["MemoryStorage"]
 
-_SWEEP = 4  # expired identities reclaimed per insert, from the least recently used end
-_new = tuple.__new__
-_EDGES = 4096  # windowed counters' shared edges kept, one per slot
-_TIME = time.time  # the wall clock as imported (a clock patched in later is honoured)
-_EMPTY: tuple[Any, ...] = (0,)
+_SWEEP: Final = 4  # expired identities reclaimed per insert, from the least recently used end
+_new: Final = tuple.__new__
+_EDGES: Final = 4096  # windowed counters' shared edges kept, one per slot
+_TIME: Final = time.time  # the wall clock as imported (a clock patched in later is honoured)
+_EMPTY: Final[tuple[Any, ...]] = (0,)
 """The entry of an identity with nothing kept yet."""
 
 Entry = tuple[Any, ...]
@@ -40,7 +40,7 @@ holds them, which ``gc.freeze()`` after start-up takes out of the collector's vi
 (see docs/deployment.md). A state kept as a tuple of its own would not do: a collection
 looks at the entry before the state inside it, and the entry, still holding a tracked
 tuple, would be traversed again by the next generation."""
-_FIRST_CELL = 1
+_FIRST_CELL: Final = 1
 
 
 def _never(holds: Sequence[Hold], error: BaseException) -> None:
