@@ -60,7 +60,10 @@ class AddingHeaders:
         self.headers = headers
 
     def __call__(self, message: Message) -> Awaitable[None]:
-        if message["type"] in _RESPONSE_STARTS:
+        kind = message["type"]
+        # Most messages are an HTTP response's start or body: a string compared first.
+        if kind == "http.response.start" or (
+                kind != "http.response.body" and kind in _RESPONSE_STARTS):
             message = with_headers(message, self.headers)
         return self.send(message)
 
