@@ -52,15 +52,19 @@ def _find(entry: Entry, slot: Slot) -> int:
     """The index of ``slot``'s cell in ``entry``, or -1."""
     size, i = len(entry), _FIRST_CELL
     while i < size:
-        if entry[i] == slot:
+        if entry[i] is slot or entry[i] == slot:  # see decide_now
             return i
-        i += 3 + entry[i + 2]
+        items: int = entry[i + 2]  # an int, not Any: compiled, added without boxing
+        i += 3 + items
     return -1
 
 
 def _state(entry: Entry, i: int, now: int) -> Any:
     """The state in the cell at ``i`` (-1: none), or None where it has expired."""
-    if i < 0 or entry[i + 1] <= now:
+    if i < 0:
+        return None
+    expires: int = entry[i + 1]  # compared as ints: compiled, ``now`` is not boxed for it
+    if expires <= now:
         return None
     items: int = entry[i + 2]
     # A window's or a bucket's two or three items read out: compiled, cheaper than a slice.
@@ -169,11 +173,15 @@ class MemoryStorage(Storage):
         size, guess = len(kept), _FIRST_CELL
         for hit in hits:
             slot = hit.slot
-            i = guess if guess < size and kept[guess] == slot else _find(kept, slot)
+            # Compared by identity first: a tuple's == compares its items, and an entry
+            # keeps the slot object of the hit that made it.
+            i = guess if guess < size and (kept[guess] is slot or kept[guess] == slot) else (
+                _find(kept, slot))
             if i >= 0:
                 if i < guess:
                     ordered = False
-                guess = i + 3 + kept[i + 2]
+                items: int = kept[i + 2]
+                guess = i + 3 + items
             spots.append(i)
             step = run(hit.limit, _state(kept, i, now), now, hit.cost)
             steps.append(step)
@@ -207,7 +215,8 @@ class MemoryStorage(Storage):
                     while copied < i:
                         cells.append(kept[copied])
                         copied += 1
-                    copied = i + 3 + kept[i + 2]
+                    items = kept[i + 2]
+                    copied = i + 3 + items
                 into.append(hit.slot)
                 into.append(ends)
                 if state is None:
