@@ -12,6 +12,7 @@ import ipaddress
 import logging
 import re
 from collections.abc import Iterable
+from typing import Final
 
 from mypy_extensions import mypyc_attr
 from starlette.types import Scope
@@ -23,9 +24,9 @@ __all__ = ["FORWARDED_HEADERS", "ClientIP", "TrustedProxies", "check_forwarded_h
 
 _log = logging.getLogger("ratelimit_mw")
 _IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-_MAX_HOPS = 32  # a longer forwarding chain is hostile; walk no further than this
-_MAX_TOKEN = 64  # an address longer than this is not an address
-_MAX_HEADER = _MAX_HOPS * 256  # of a forwarding header, only this much of its end is read
+_MAX_HOPS: Final = 32  # a longer forwarding chain is hostile; walk no further than this
+_MAX_TOKEN: Final = 64  # an address longer than this is not an address
+_MAX_HEADER: Final = _MAX_HOPS * 256  # of a forwarding header, only this much of its end is read
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -120,8 +121,8 @@ def _ip_key(peer: str, ipv6_prefix: int) -> str:
 _PAIR = re.compile(r'[ \t]*(?:([^\s=,;"]+)[ \t]*=[ \t]*'
                    r'("[^"\\]*+(?:\\.[^"\\]*+)*+"|[^\s,;"]*))?[ \t]*(;|\Z)')
 _QUOTED_PAIR = re.compile(r"\\(.)")
-_MAX_PAIRS = 16  # an element has four parameters (for, by, host, proto) and few more
-_MAX_QUOTED = 4 * _MAX_HOPS  # quoted-strings in the elements read, at most
+_MAX_PAIRS: Final = 16  # an element has four parameters (for, by, host, proto) and few more
+_MAX_QUOTED: Final = 4 * _MAX_HOPS  # quoted-strings in the elements read, at most
 # RFC 7239 section 6.3: an obfuscated node, sent instead of the address a proxy hides.
 _OBFNODE = re.compile(r"_[A-Za-z0-9._-]+")
 

@@ -11,7 +11,7 @@ import functools
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
-from typing import Literal, get_args
+from typing import Final, Literal, get_args
 
 from mypy_extensions import mypyc_attr
 
@@ -33,7 +33,7 @@ __all__ = [
 
 HeaderStyle = Literal["legacy", "draft-6", "draft-7", "draft-11"]
 HEADER_STYLES: tuple[HeaderStyle, ...] = get_args(HeaderStyle)
-_IETF = ("draft-6", "draft-7", "draft-11")
+_IETF: Final = ("draft-6", "draft-7", "draft-11")
 
 
 def parse_header_style(value: str) -> tuple[HeaderStyle, ...]:
@@ -96,7 +96,7 @@ def _short_policy(limit: Limit) -> bytes:
 # policy). Found by identity (a Limit's own hash is a Python-level call, and this runs
 # per request); each entry holds its limit, so the id stays that limit's.
 _Texts = tuple[Limit, Header, Header, bytes]
-_TEXTS: dict[int, _Texts] = {}
+_TEXTS: Final[dict[int, _Texts]] = {}
 
 
 def _texts(limit: Limit) -> _Texts:
@@ -126,7 +126,7 @@ def _legacy_policy(limit: Limit) -> bytes:
 class HeaderFormat:
     """Writes the headers of one header style (or a legacy + IETF combination)."""
 
-    __slots__ = ("ietf", "legacy", "partition_key", "styles")
+    __slots__ = ("_reset", "_texts", "ietf", "legacy", "partition_key", "styles")
 
     def __init__(
         self, style: str | Sequence[HeaderStyle] = "legacy", *, partition_key: object = False,
@@ -136,6 +136,10 @@ class HeaderFormat:
         self.ietf = next((s for s in self.styles if s in _IETF), None)
         self.partition_key = bool(partition_key)
         """draft-11: add each caller's ``pk`` to the ``RateLimit`` items."""
+        # The last binding limit's texts and the last X-RateLimit-Reset sent: most
+        # requests report the limit and the reset second of the one before.
+        self._texts: _Texts | None = None
+        self._reset: tuple[int, Header] = (-1, (b"", b""))
 
     def __bool__(self) -> bool:
         return bool(self.styles)
@@ -180,16 +184,18 @@ class HeaderFormat:
             reset_after = binding.retry_after
         out: list[Header] = []
         if self.legacy:
-            texts = _texts(binding.limit)
+            texts = self._texts
+            if texts is None or texts[0] is not binding.limit:
+                texts = self._texts = _texts(binding.limit)
             limit, policy = texts[1], texts[2]
             if binding.quota != binding.limit.capacity:  # a custom storage's own say
                 limit = (b"x-ratelimit-limit", b"%d" % binding.quota)
-            out = [
-                limit,
-                (b"x-ratelimit-remaining", b"%d" % binding.remaining),
-                (b"x-ratelimit-reset", b"%d" % _ceil(now + reset_after)),
-                policy,
-            ]
+            reset = self._reset
+            at = math.ceil(now + reset_after)
+            if reset[0] != at:
+                reset = self._reset = (at, (b"x-ratelimit-reset", b"%d" % at))
+            out = [limit, (b"x-ratelimit-remaining", b"%d" % binding.remaining), reset[1],
+                   policy]
         ietf = self.ietf
         if ietf == "draft-11":
             out.append((b"ratelimit", _draft11(
@@ -197,14 +203,14 @@ class HeaderFormat:
         elif ietf == "draft-7":
             out += (
                 (b"ratelimit", b"limit=%d, remaining=%d, reset=%d" % (
-                    binding.quota, binding.remaining, _ceil(reset_after))),
+                    binding.quota, binding.remaining, math.ceil(reset_after))),
                 (b"ratelimit-policy", _texts(binding.limit)[3]),
             )
         elif ietf == "draft-6":
             out += (
                 (b"ratelimit-limit", b"%d" % binding.quota),
                 (b"ratelimit-remaining", b"%d" % binding.remaining),
-                (b"ratelimit-reset", b"%d" % _ceil(reset_after)),
+                (b"ratelimit-reset", b"%d" % math.ceil(reset_after)),
                 (b"ratelimit-policy", _texts(binding.limit)[3]),
             )
         return out
@@ -232,19 +238,19 @@ class HeaderFormat:
                 out += (
                     (b"x-ratelimit-limit" + suffix, b"%d" % binding.quota),
                     (b"x-ratelimit-remaining" + suffix, b"%d" % binding.remaining),
-                    (b"x-ratelimit-reset" + suffix, b"%d" % _ceil(now + binding.reset_after)),
+                    (b"x-ratelimit-reset" + suffix,
+                     b"%d" % math.ceil(now + binding.reset_after)),
                 )
             if self.ietf == "draft-6":
                 out += (
                     (b"ratelimit-limit" + suffix, b"%d" % binding.quota),
                     (b"ratelimit-remaining" + suffix, b"%d" % binding.remaining),
-                    (b"ratelimit-reset" + suffix, b"%d" % _ceil(binding.reset_after)),
+                    (b"ratelimit-reset" + suffix, b"%d" % math.ceil(binding.reset_after)),
                 )
         return out
 
 
-_ceil = math.ceil
-_NAMES: dict[str, str] = {}  # policy name -> policy_name(name), looked up per request
+_NAMES: Final[dict[str, str]] = {}  # policy name -> policy_name(name), looked up per request
 
 
 def _written(name: str) -> str:

@@ -11,6 +11,7 @@ import dataclasses
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from .decision import Verdict
 from .errors import ConfigError
@@ -24,7 +25,7 @@ __all__ = ["LimitSet", "LimitSets", "check_limit_set", "enforced_denial", "make_
            "with_shadowed"]
 
 _log = logging.getLogger("ratelimit_mw")
-_KEPT = 8192  # limit sets kept (then forgotten at once): tiers by routes, with room to spare
+_KEPT: Final = 8192  # limit sets kept (then forgotten at once): tiers by routes, with room to spare
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from mypy_extensions import mypyc_attr
 from starlette.types import ASGIApp, Scope
@@ -47,7 +47,7 @@ T = TypeVar("T")
 _BLOCK = Limit("1/second", "fixed_window", name="blocked")
 """The policy a block of a caller whose tier has no limits is reported under."""
 
-STATE_KEY = "ratelimit"
+STATE_KEY: Final = "ratelimit"
 """Where ``scope["state"]`` holds the limiter of the request (for the quota endpoints and
 ``IdempotencyMiddleware``)."""
 

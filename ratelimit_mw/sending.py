@@ -8,6 +8,7 @@ its own would add an object and a layer of awaiting to every message.
 from __future__ import annotations
 
 from collections.abc import Awaitable
+from typing import Final
 
 from starlette.types import Message, Send
 
@@ -15,16 +16,14 @@ from .asgi import Header
 
 __all__ = ["AddingHeaders", "CompletingDenial", "with_headers"]
 
-_RESPONSE_STARTS = frozenset(("http.response.start", "websocket.http.response.start",
+_RESPONSE_STARTS: Final = frozenset(("http.response.start", "websocket.http.response.start",
                               "websocket.accept"))
 
-_LIMITER_HEADERS = frozenset((
+_LIMITER_HEADERS: Final = frozenset((
     b"x-ratelimit-limit", b"x-ratelimit-remaining", b"x-ratelimit-reset", b"x-ratelimit-policy",
     b"ratelimit", b"ratelimit-policy", b"ratelimit-limit", b"ratelimit-remaining",
     b"ratelimit-reset", b"retry-after"))
 """Every header name the middleware may add to a response."""
-_LIMITER_INITIALS = frozenset(b"xXrR")
-"""Their first letters, either case, as the ints a name's first byte reads as."""
 
 
 def _limiters(name: bytes) -> bool:
@@ -38,13 +37,17 @@ def with_headers(message: Message, headers: list[Header]) -> Message:
     the app set itself (its own win: never two of one name, which clients can't read).
     A copy: whoever sent the message may keep it (as a record of the response)."""
     own = message.get("headers", ())
-    for name, _ in own:
-        # The first letter first: most names go by without a lower-cased copy or a hash.
-        if name and name[0] in _LIMITER_INITIALS and _limiters(name.lower()):
+    for header in own:
+        name: bytes = header[0]
+        # The first letter first, either case ("x" or "r" with bit 5 set): most names go
+        # by without a lower-cased copy or a hash.
+        if name and (name[0] | 0x20) in (0x72, 0x78) and _limiters(name.lower()):
             names = {name.lower() for name, _ in own}
             headers = [header for header in headers if header[0] not in names]
             break
-    return {**message, "headers": [*own, *headers]}
+    copy = dict(message)
+    copy["headers"] = own + headers if type(own) is list else [*own, *headers]
+    return copy
 
 
 class AddingHeaders:
@@ -57,7 +60,10 @@ class AddingHeaders:
         self.headers = headers
 
     def __call__(self, message: Message) -> Awaitable[None]:
-        if message["type"] in _RESPONSE_STARTS:
+        kind = message["type"]
+        # Most messages are an HTTP response's start or body: a string compared first.
+        if kind == "http.response.start" or (
+                kind != "http.response.body" and kind in _RESPONSE_STARTS):
             message = with_headers(message, self.headers)
         return self.send(message)
 

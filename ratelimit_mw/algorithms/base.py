@@ -6,11 +6,11 @@ Algorithms count time in whole microseconds, so that a wait of exactly
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 __all__ = ["NEVER_US", "RawStep", "Step", "ceil_div"]
 
-NEVER_US = -1
+NEVER_US: Final = -1
 """``retry_us`` of a cost that the limit can never admit."""
 
 

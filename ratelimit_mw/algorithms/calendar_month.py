@@ -7,10 +7,12 @@ the same steps as the Lua twin.
 
 from __future__ import annotations
 
+from typing import Final
+
 from .base import RawStep
 from .fixed_window import FixedWindowState, in_window, settle_in
 
-DAY_US = 86_400_000_000
+DAY_US: Final = 86_400_000_000
 
 
 def civil_from_days(days: int) -> tuple[int, int, int]:

@@ -7,11 +7,13 @@ its lease expires. The decision leaves the new lease to the storage, which names
 
 from __future__ import annotations
 
+from typing import Final
+
 from .base import NEVER_US, RawStep
 
 ConcurrencyState = tuple[tuple[int, str], ...]
 
-RETRY_HINT_US = 1_000_000
+RETRY_HINT_US: Final = 1_000_000
 """A slot may free up at any moment; a denied request is told to retry within 1 s
 (or when the oldest lease expires, if sooner)."""
 
@@ -41,7 +43,7 @@ def with_lease(live: ConcurrencyState, now: int, period: int, lease_id: str) -> 
     """The state after an admitted request took the slot named ``lease_id``."""
     lease = (now + period, lease_id)
     if not live or live[-1][0] <= lease[0]:
-        return (*live, lease)
+        return live + (lease,)  # noqa: RUF005 (see docs/internals.md, compiled build)
     return tuple(sorted((*live, lease)))  # the clock went back: keep the order
 
 

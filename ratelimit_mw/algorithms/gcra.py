@@ -12,12 +12,13 @@ which ``T`` is whole: the pace is the rate's, not a rounded one.
 from __future__ import annotations
 
 import math
+from typing import Final
 
 from .base import NEVER_US, RawStep, ceil_div
 
 GcraState = tuple[int, int]
 
-EXACT = 2**52
+EXACT: Final = 2**52
 """The most ticks a tolerance may span. Redis's Lua counts in doubles, exact below
 2**53; every sum below stays under twice this."""
 

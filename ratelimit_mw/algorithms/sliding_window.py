@@ -15,7 +15,6 @@ import math
 from .base import NEVER_US, RawStep
 
 SlidingWindowState = tuple[int, int, int]
-_floor = math.floor
 
 
 def _counts(state: SlidingWindowState | None, start: int, period: int) -> tuple[int, int]:
@@ -103,7 +102,7 @@ def decide(
         return (False, math.floor(limit - used), reset, retry, seen)
     if not cost:
         return (True, math.floor(limit - used), reset, 0, seen)
-    return (True, _floor(limit - used - cost), start + 2 * period - now, 0,
+    return (True, math.floor(limit - used - cost), start + 2 * period - now, 0,
                 (start, current + cost, previous))
 
 

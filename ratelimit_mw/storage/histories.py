@@ -4,13 +4,15 @@ per day."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, Final
 
 from ..hits import Hit, spends
 from .base import BUCKET_SECONDS, Granularity, UsageRetention
 
 __all__ = ["Histories"]
 
-_HOUR_US, _DAY_US = 3_600_000_000, 86_400_000_000
+_HOUR_US: Final = 3_600_000_000
+_DAY_US: Final = 86_400_000_000
 
 Buckets = dict[int | str, int]
 """An identity's usage per hour or per day: requests under the bucket's number, other
@@ -23,10 +25,16 @@ class Histories:
     garbage collector, so an entry holding them would be traversed by every collection
     after each request."""
 
-    __slots__ = ("_by_key", "retention")
+    __slots__ = ("_by_key", "_days", "_hours", "_kept_us", "retention")
 
     def __init__(self, retention: UsageRetention) -> None:
         self.retention = retention
+        # The retention's numbers as plain ints, and as microseconds: read per request,
+        # where a named tuple's fields are a look-up each (and, compiled, a product this
+        # large is multiplied as a Python int).
+        self._hours: int = retention.hours
+        self._days: int = retention.days
+        self._kept_us: tuple[int, int] = (retention.hours * _HOUR_US, retention.days * _DAY_US)
         self._by_key: dict[str, tuple[Buckets, Buckets]] = {}
 
     def __len__(self) -> int:
@@ -41,17 +49,21 @@ class Histories:
             history = self._by_key[key] = ({}, {})
         hours, days = history
         hour, day = now // _HOUR_US, now // _DAY_US
-        hours[hour] = hours.get(hour, 0) + units
-        days[day] = days.get(day, 0) + units
+        # Each bucket's number boxed once, for its look-up and its store.
+        hour_key: Any = hour
+        day_key: Any = day
+        hours[hour_key] = hours.get(hour_key, 0) + units
+        days[day_key] = days.get(day_key, 0) + units
         for unit, spent in spends(hits):
             hourly, daily = f"{unit}:{hour}", f"{unit}:{day}"
             hours[hourly] = hours.get(hourly, 0) + spent
             days[daily] = days.get(daily, 0) + spent
-        retention = self.retention
-        _forget_before(hours, hour - retention.hours, retention.hours)
-        _forget_before(days, day - retention.days, retention.days)
+        kept_hours, kept_days = self._hours, self._days
+        _forget_before(hours, hour - kept_hours, kept_hours)
+        _forget_before(days, day - kept_days, kept_days)
         # The hourly buckets' retention may be the longer one.
-        return max((day + retention.days) * _DAY_US, (hour + retention.hours) * _HOUR_US)
+        hours_us, days_us = self._kept_us
+        return max(now - now % _DAY_US + days_us, now - now % _HOUR_US + hours_us)
 
     def settle(self, key: str, unit: str, at: int, delta: int) -> None:
         """Move the ``unit`` buckets of the hour and day of ``at`` (µs) by ``delta``

@@ -6,7 +6,7 @@ import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from mypy_extensions import mypyc_attr
 
@@ -21,11 +21,12 @@ from .histories import Histories
 
 __all__ = ["MemoryStorage"]
 
-_SWEEP = 4  # expired identities reclaimed per insert, from the least recently used end
-_new = tuple.__new__
-_EDGES = 4096  # windowed counters' shared edges kept, one per slot
-_TIME = time.time  # the wall clock as imported (a clock patched in later is honoured)
-_EMPTY: tuple[Any, ...] = (0,)
+_SWEEP: Final = 4  # expired identities reclaimed per insert, from the least recently used end
+_new: Final = tuple.__new__
+_EDGES: Final = 4096  # windowed counters' shared edges kept, one per slot
+_TIME: Final = time.time  # the wall clock as imported (a clock patched in later is honoured)
+_TIME_NS: Final = time.time_ns
+_EMPTY: Final[tuple[Any, ...]] = (0,)
 """The entry of an identity with nothing kept yet."""
 
 Entry = tuple[Any, ...]
@@ -40,7 +41,7 @@ holds them, which ``gc.freeze()`` after start-up takes out of the collector's vi
 (see docs/deployment.md). A state kept as a tuple of its own would not do: a collection
 looks at the entry before the state inside it, and the entry, still holding a tracked
 tuple, would be traversed again by the next generation."""
-_FIRST_CELL = 1
+_FIRST_CELL: Final = 1
 
 
 def _never(holds: Sequence[Hold], error: BaseException) -> None:
@@ -51,57 +52,52 @@ def _find(entry: Entry, slot: Slot) -> int:
     """The index of ``slot``'s cell in ``entry``, or -1."""
     size, i = len(entry), _FIRST_CELL
     while i < size:
-        if entry[i] == slot:
+        if entry[i] is slot or entry[i] == slot:  # see decide_now
             return i
-        i += 3 + entry[i + 2]
+        items: int = entry[i + 2]  # an int, not Any: compiled, added without boxing
+        i += 3 + items
     return -1
 
 
 def _state(entry: Entry, i: int, now: int) -> Any:
     """The state in the cell at ``i`` (-1: none), or None where it has expired."""
-    if i < 0 or entry[i + 1] <= now:
+    if i < 0:
         return None
-    return entry[i + 3:i + 3 + entry[i + 2]]
-
-
-def _cell(slot: Slot, state: Any, expires: Any) -> tuple[Any, ...]:
-    """The items of ``slot``'s cell, holding ``state`` (None: nothing) until ``expires``
-    (an int; typed Any, so that compiled code does not box it anew for each place it is
-    kept: one object, not one per place, in an entry)."""
-    items = () if state is None else state
-    return (slot, expires, len(items), *items)
+    expires: int = entry[i + 1]  # compared as ints: compiled, ``now`` is not boxed for it
+    if expires <= now:
+        return None
+    items: int = entry[i + 2]
+    # A window's or a bucket's two or three items read out: compiled, cheaper than a slice.
+    if items == 2:
+        return (entry[i + 3], entry[i + 4])
+    if items == 3:
+        return (entry[i + 3], entry[i + 4], entry[i + 5])
+    return entry[i + 3:i + 3 + items]
 
 
 def _with_cell(entry: Entry, i: int, slot: Slot, state: Any, expires: Any) -> Entry:
     """``entry`` with ``slot``'s cell (at index ``i``, -1: none yet) holding ``state``
-    until ``expires`` (an int, typed as in ``_cell``; the entry's own expiry pushed back
-    to it if need be)."""
+    (None: nothing) until ``expires`` (an int typed Any, so that compiled code does not
+    box it anew for each place it is kept: one object, not one per place, in an entry;
+    the entry's own expiry pushed back to it if need be)."""
     whole = entry[0] if entry[0] > expires else expires
     items = () if state is None else state
     size = len(entry)
+    # The one-cell entries joined with +, not starred: compiled, a starred tuple is
+    # built through a list.
     if i < 0:
         if size == _FIRST_CELL:  # most identities have one cell
-            return (whole, slot, expires, len(items), *items)
+            return (whole, slot, expires, len(items)) + items  # noqa: RUF005
         return (whole, *entry[1:], slot, expires, len(items), *items)
     end = i + 3 + entry[i + 2]
     if i == _FIRST_CELL and end == size:
-        return (whole, slot, expires, len(items), *items)
+        return (whole, slot, expires, len(items)) + items  # noqa: RUF005
     return (whole, *entry[1:i], slot, expires, len(items), *items, *entry[end:])
 
 
-def _rebuilt(entry: Entry, expires: Any, changed: dict[int, tuple[Any, ...]],
-             added: list[Any]) -> Entry:
-    """``entry`` expiring at ``expires``, the cells at the indexes of ``changed``
-    replaced by theirs, then the ``added`` cells' items."""
-    cells: list[Any] = [expires]
-    size, i = len(entry), _FIRST_CELL
-    while i < size:
-        end = i + 3 + entry[i + 2]
-        new = changed.get(i)
-        cells += entry[i:end] if new is None else new
-        i = end
-    cells += added
-    return tuple(cells)
+def _in_entry_order(spots: list[int]) -> list[int]:
+    """The indexes of ``spots`` ordered by the cell each names (none yet: first)."""
+    return sorted(range(len(spots)), key=spots.__getitem__)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -144,7 +140,7 @@ class MemoryStorage(Storage):
         """The clock in whole microseconds."""
         clock = self._clock
         if clock is None:
-            return time.time_ns() // 1000
+            return _TIME_NS() // 1000
         return round(clock() * 1_000_000)
 
     def __repr__(self) -> str:
@@ -173,13 +169,19 @@ class MemoryStorage(Storage):
         # the order of its hits, so the cell after the last one found is tried first.
         spots: list[int] = []
         steps = []
-        allowed = True
+        allowed = ordered = True
         size, guess = len(kept), _FIRST_CELL
         for hit in hits:
             slot = hit.slot
-            i = guess if guess < size and kept[guess] == slot else _find(kept, slot)
+            # Compared by identity first: a tuple's == compares its items, and an entry
+            # keeps the slot object of the hit that made it.
+            i = guess if guess < size and (kept[guess] is slot or kept[guess] == slot) else (
+                _find(kept, slot))
             if i >= 0:
-                guess = i + 3 + kept[i + 2]
+                if i < guess:
+                    ordered = False
+                items: int = kept[i + 2]
+                guess = i + 3 + items
             spots.append(i)
             step = run(hit.limit, _state(kept, i, now), now, hit.cost)
             steps.append(step)
@@ -187,32 +189,55 @@ class MemoryStorage(Storage):
                 allowed = False
         leases: tuple[Lease, ...] = ()
         if allowed:
-            # The new entry made once: the cells that changed, the cells added.
-            changed: dict[int, tuple[Any, ...]] = {}
+            # The new entry made in one pass over the old one: the cells before each
+            # changed cell copied as they are, the changed cell written in its place, the
+            # cells added last. Cells the hits name out of the entry's order (a route's
+            # limits before its tier's, say) are written in the entry's order.
+            cells: list[Any] = [kept[0]]
             added: list[Any] = []
-            expires: Any = kept[0]
-            for k, hit in enumerate(hits):
-                if hit.cost:
-                    step = steps[k]
-                    state, lease = self._leased(key, hit, step[4], now)
-                    ends: Any = now + step[2]  # boxed once (see _cell)
-                    if hit.limit.windowed:
-                        state, ends = self._shared(hit.slot, state, ends)
-                    i = spots[k]
-                    if i < 0:
-                        added += _cell(hit.slot, state, ends)
-                    else:
-                        changed[i] = _cell(hit.slot, state, ends)
-                    if ends > expires:
-                        expires = ends
-                    if lease is not None:
-                        leases = (*leases, lease)
-            if changed or added or usage:
+            copied = _FIRST_CELL  # kept's cells before this index are in ``cells``
+            held: list[tuple[int, Lease]] = []
+            for k in range(len(hits)) if ordered else _in_entry_order(spots):
+                hit = hits[k]
+                if not hit.cost:
+                    continue
+                step = steps[k]
+                state, lease = self._leased(key, hit, step[4], now)
+                ends: Any = now + step[2]  # boxed once (see _with_cell)
+                if hit.limit.windowed:
+                    state, ends = self._shared(hit.slot, state, ends)
+                if ends > cells[0]:
+                    cells[0] = ends
+                i = spots[k]
+                into = added
+                if i >= 0:
+                    into = cells
+                    while copied < i:
+                        cells.append(kept[copied])
+                        copied += 1
+                    items = kept[i + 2]
+                    copied = i + 3 + items
+                into.append(hit.slot)
+                into.append(ends)
+                if state is None:
+                    into.append(0)
+                else:
+                    into.append(len(state))
+                    into.extend(state)
+                if lease is not None:
+                    held.append((k, lease))
+            if len(cells) > 1 or added or usage:
+                while copied < size:
+                    cells.append(kept[copied])
+                    copied += 1
+                cells.extend(added)
                 if usage:
                     kept_until = self._histories.count(key, now, usage, hits)
-                    if kept_until > expires:
-                        expires = kept_until
-                self._store(key, entry, _rebuilt(kept, expires, changed, added), 0, now)
+                    if kept_until > cells[0]:
+                        cells[0] = kept_until
+                self._store(key, entry, tuple(cells), 0, now)
+            if held:
+                leases = tuple(lease for _, lease in (held if ordered else sorted(held)))
         elif len(hits) > 1:
             # Report what the admitted limits look like without this request's cost.
             for k, hit in enumerate(hits):
@@ -286,7 +311,15 @@ class MemoryStorage(Storage):
                 edges.clear()
             edges[slot] = (ends, state[0])
             return state, ends
-        return (last[1], *state[1:]), last[0] if last[0] == ends else ends
+        ends = last[0] if last[0] == ends else ends
+        # A window's usual two or three items written out: compiled, a starred tuple is
+        # built as a list.
+        items = len(state)
+        if items == 2:
+            return (last[1], state[1]), ends
+        if items == 3:
+            return (last[1], state[1], state[2]), ends
+        return (last[1], *state[1:]), ends
 
     def _leased(self, key: str, hit: Hit, state: Any, now: int) -> tuple[Any, Lease | None]:
         """An admitted hit's state as kept, and the slot it took (for a concurrency

@@ -148,3 +148,18 @@ def test_identities_in_one_window_share_its_numbers(algorithm: str) -> None:
     assert a == b == c  # the same counts, the same window
     for i in range(len(a)):
         assert a[i] is b[i] is c[i] or (isinstance(a[i], int) and -5 <= a[i] <= 256), i
+
+
+async def test_hits_out_of_their_counters_order_keep_every_count(clock: FakeClock) -> None:
+    """A request naming an identity's counters in another order than they were first
+    kept (a route's limits before its tier's, a new one among them) counts on each of
+    its own counters, leaves the others alone, and gets its slots in its hits' order."""
+    storage = MemoryStorage(clock=clock)
+    a, b, c = (Limit(f"{n}/minute", "fixed_window") for n in (10, 20, 30))
+    slots = Limit("5/minute", "concurrency"), Limit("6/minute", "concurrency")
+    await storage.decide("k", [Hit(a), Hit(b), Hit(slots[0])])
+    verdict = await storage.decide("k", [Hit(slots[1]), Hit(c), Hit(slots[0]), Hit(a)])
+    assert verdict.allowed
+    assert [lease.uid for lease in verdict.leases] == [slots[1].uid, slots[0].uid]
+    peek = await storage.decide("k", [Hit(limit, 0) for limit in (a, b, c, *slots)])
+    assert [d.remaining for d in peek.decisions] == [8, 19, 29, 3, 5]
