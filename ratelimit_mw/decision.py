@@ -10,9 +10,9 @@ from .hits import Hit
 from .limits import Limit
 
 __all__ = ["NEVER", "Adjustment", "Decision", "Hold", "Lease", "Verdict", "binding_of",
-           "decision_from"]
+           "decision_from", "new_lease", "new_verdict"]
 
-NEVER = math.inf
+NEVER: Final = math.inf
 """``retry_after`` of a request whose cost is larger than the limit can ever admit."""
 
 
@@ -123,7 +123,25 @@ def binding_of(decisions: Sequence[Decision], allowed: bool) -> Decision:
     return best
 
 
-_new: Final = tuple.__new__  # Final: a C static when compiled, not a look-up per call
+# tuple.__new__ skips a named tuple's interpreted __new__; these run per request. Final
+# names are C statics when compiled, where the classes would be looked up per call.
+_new: Final = tuple.__new__
+_DECISION: Final = Decision
+_VERDICT: Final = Verdict
+_LEASE: Final = Lease
+
+
+def new_verdict(allowed: bool, decisions: tuple[Decision, ...], leases: tuple[Lease, ...],
+                at: float | None) -> Verdict:
+    """``Verdict(allowed, decisions, leases, at)``, made as cheaply as a tuple is."""
+    verdict: Verdict = _new(_VERDICT, (allowed, decisions, leases, at))
+    return verdict
+
+
+def new_lease(key: str, scope: str, uid: str, lease_id: str) -> Lease:
+    """``Lease(key, scope, uid, lease_id)``, made as cheaply as a tuple is."""
+    lease: Lease = _new(_LEASE, (key, scope, uid, lease_id))
+    return lease
 
 
 def decision_from(
@@ -131,8 +149,7 @@ def decision_from(
 ) -> Decision:
     """Build a public decision from an algorithm step in microseconds (-1 retry: never)."""
     limit = hit.limit
-    # tuple.__new__ skips the named tuple's Python-level __new__: this runs per request.
-    return _new(Decision, (
+    return _new(_DECISION, (
         allowed,
         limit.capacity,
         remaining if remaining > 0 else 0,

@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Final
 from mypy_extensions import mypyc_attr
 
 from ..algorithms.concurrency import renewed, with_lease, without_lease
-from ..decision import Adjustment, Hold, Lease, Verdict, decision_from
+from ..decision import Adjustment, Hold, Lease, Verdict, decision_from, new_lease, new_verdict
 from ..errors import ConfigError
 from ..hits import Hit, Slot, merge_hits
 from ..limits import run, settle
@@ -22,7 +22,6 @@ from .histories import Histories
 __all__ = ["MemoryStorage"]
 
 _SWEEP: Final = 4  # expired identities reclaimed per insert, from the least recently used end
-_new: Final = tuple.__new__
 _EDGES: Final = 4096  # windowed counters' shared edges kept, one per slot
 _TIME: Final = time.time  # the wall clock as imported (a clock patched in later is honoured)
 _TIME_NS: Final = time.time_ns
@@ -244,10 +243,9 @@ class MemoryStorage(Storage):
                 if steps[k][0] and hit.cost:
                     i = spots[k]
                     steps[k] = run(hit.limit, _state(kept, i, now), now, 0)
-        # tuple.__new__ skips the named tuple's Python-level __new__: this runs per request.
-        return _new(Verdict, (allowed, tuple([
+        return new_verdict(allowed, tuple([
             decision_from(hit, step[0], step[1], step[2], step[3])
-            for hit, step in zip(hits, steps)]), leases, now / 1_000_000))  # noqa: B905
+            for hit, step in zip(hits, steps)]), leases, now / 1_000_000)  # noqa: B905
 
     def _decide_one(self, key: str, entry: Entry | None, hit: Hit, now: int,
                     usage: int) -> Verdict:
@@ -268,8 +266,8 @@ class MemoryStorage(Storage):
                 if lease is not None:
                     leases = (lease,)
             self._store(key, entry, kept, usage, now, (hit,))
-        return _new(Verdict, (allowed, (decision_from(hit, allowed, remaining, reset, retry),),
-                              leases, now / 1_000_000))
+        return new_verdict(allowed, (decision_from(hit, allowed, remaining, reset, retry),),
+                           leases, now / 1_000_000)
 
     settles: ClassVar[bool] = True
 
@@ -327,7 +325,7 @@ class MemoryStorage(Storage):
         limit = hit.limit
         if not limit.is_concurrency:
             return state, None
-        lease = _new(Lease, (key, hit.scope, limit.uid, str(next(self._leases))))
+        lease = new_lease(key, hit.scope, limit.uid, str(next(self._leases)))
         return with_lease(state, now, limit.period_us, lease.id), lease
 
     def _store(self, key: str, old: Entry | None, entry: Entry, usage: int, now: int,

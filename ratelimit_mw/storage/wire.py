@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, Final, NamedTuple
 
-from ..decision import Adjustment, Lease, Verdict, decision_from
+from ..decision import Adjustment, Verdict, decision_from, new_lease, new_verdict
 from ..hits import Hit, Slot, spends
 from ..limits import Limit
 from .keys import counter_suffix
@@ -180,8 +180,6 @@ def _settled_limit(limit: Limit) -> bytes:
         limit.algorithm, limit.amount, limit.period_us, limit.capacity))
 
 
-_new: Final = tuple.__new__  # skips a named tuple's interpreted __new__ (per decision)
-
 
 def verdict_from(key: str, hits: Sequence[Hit], lease_id: str, slots: tuple[Slot, ...],
              reply: Any) -> Verdict:
@@ -197,6 +195,6 @@ def verdict_from(key: str, hits: Sequence[Hit], lease_id: str, slots: tuple[Slot
     if i != len(values):
         raise ValueError(len(values))
     allowed = values[0] != 0
-    leases = tuple([_new(Lease, (key, scope, uid, lease_id)) for scope, uid in slots]
+    leases = tuple([new_lease(key, scope, uid, lease_id) for scope, uid in slots]
                    ) if allowed and lease_id else ()
-    return _new(Verdict, (allowed, tuple(decisions), leases, values[1] / 1_000_000))
+    return new_verdict(allowed, tuple(decisions), leases, values[1] / 1_000_000)

@@ -61,10 +61,12 @@ async def test_a_burst_of_exports_comes_out_of_two_workers_at_the_rate(
     refused = [done - started for response, done in results if response.status_code == 429]
     assert len(admitted) == 11 and len(refused) == 1
     assert refused[0] < admitted[1]  # refused before the second turn came
-    # Each finishes at its turn, counted from the first: never early, late only by what
-    # a loaded host adds.
+    # Each finishes at its turn: never early (the turns start no sooner than the burst),
+    # late only by what a loaded host adds (counted from the first, which a loaded host
+    # may answer late too).
     for i, at in enumerate(admitted):
-        assert i * SPACING - 0.05 <= at - admitted[0] <= i * SPACING + 0.3, admitted
+        assert i * SPACING - 0.05 <= at, admitted
+        assert at - admitted[0] <= i * SPACING + 0.3, admitted
     waits = [int(response.headers["server-timing"].removeprefix("ratelimit;dur="))
              for response, _ in results if "server-timing" in response.headers]
     assert max(waits) <= MAX_DELAY * 1000 + 50
