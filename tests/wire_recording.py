@@ -4,7 +4,6 @@ once, so one write is one flush)."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from redis.asyncio import Connection
@@ -49,11 +48,10 @@ def recording_storage(url: str, writes: Writes, **options: Any) -> RedisStorage:
     return RedisStorage.from_url(url, connection_class=Recording, **options)
 
 
-class _Recorder(asyncio.Transport):
+class _Recorder:
     """A transport that records each write and hands everything to the real one."""
 
     def __init__(self, inner: Any, writes: Writes) -> None:
-        super().__init__()
         self._inner = inner
         self._writes = writes
 
@@ -65,38 +63,5 @@ class _Recorder(asyncio.Transport):
         for data in list_of_data:
             self.write(data)
 
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        self._inner.set_protocol(protocol)
-
-    def get_protocol(self) -> asyncio.BaseProtocol:
-        return self._inner.get_protocol()  # type: ignore[no-any-return]
-
-    def is_closing(self) -> bool:
-        return self._inner.is_closing()  # type: ignore[no-any-return]
-
-    def close(self) -> None:
-        self._inner.close()
-
-    def abort(self) -> None:
-        self._inner.abort()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._inner.get_extra_info(name, default)
-
-    def is_reading(self) -> bool:
-        return self._inner.is_reading()  # type: ignore[no-any-return]
-
-    def pause_reading(self) -> None:
-        self._inner.pause_reading()
-
-    def resume_reading(self) -> None:
-        self._inner.resume_reading()
-
-    def get_write_buffer_size(self) -> int:
-        return self._inner.get_write_buffer_size()  # type: ignore[no-any-return]
-
-    def can_write_eof(self) -> bool:
-        return self._inner.can_write_eof()  # type: ignore[no-any-return]
-
-    def write_eof(self) -> None:
-        self._inner.write_eof()
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
