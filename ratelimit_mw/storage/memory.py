@@ -17,6 +17,7 @@ from ..hits import Hit, Slot, merge_hits
 from ..limits import run, settle
 from ..rates import MAX_AMOUNT
 from .base import Granularity, Storage, UsageRetention, bad_usage, bucket_range
+from .entries import EMPTY, FIRST_CELL, Entry, cell_state, find_cell, in_entry_order, with_cell
 from .histories import Histories
 
 __all__ = ["MemoryStorage"]
@@ -25,78 +26,8 @@ _SWEEP: Final = 4  # expired identities reclaimed per insert, from the least rec
 _EDGES: Final = 4096  # windowed counters' shared edges kept, one per slot
 _TIME: Final = time.time  # the wall clock as imported (a clock patched in later is honoured)
 _TIME_NS: Final = time.time_ns
-_EMPTY: Final[tuple[Any, ...]] = (0,)
-"""The entry of an identity with nothing kept yet."""
-
-Entry = tuple[Any, ...]
-"""One identity, flat: when the last of its state (or its usage history) expires (µs),
-then its counters one after the other, each as its slot, when it expires, how many
-items its state has, and those items: ``(expires, slot, expires, 2, window, count, …)``.
-
-Numbers and strings in one tuple (a concurrency slot's leases aside): the garbage
-collector stops tracking such a tuple in the first collection that looks at it, so a
-million identities add no objects to any later collection, only the one dict that
-holds them, which ``gc.freeze()`` after start-up takes out of the collector's view too
-(see docs/deployment.md). A state kept as a tuple of its own would not do: a collection
-looks at the entry before the state inside it, and the entry, still holding a tracked
-tuple, would be traversed again by the next generation."""
-_FIRST_CELL: Final = 1
-
-
 def _never(holds: Sequence[Hold], error: BaseException) -> None:
     """Nothing fails later in this process: settling here is done when it returns."""
-
-
-def _find(entry: Entry, slot: Slot) -> int:
-    """The index of ``slot``'s cell in ``entry``, or -1."""
-    size, i = len(entry), _FIRST_CELL
-    while i < size:
-        if entry[i] is slot or entry[i] == slot:  # see decide_now
-            return i
-        items: int = entry[i + 2]  # an int, not Any: compiled, added without boxing
-        i += 3 + items
-    return -1
-
-
-def _state(entry: Entry, i: int, now: int) -> Any:
-    """The state in the cell at ``i`` (-1: none), or None where it has expired."""
-    if i < 0:
-        return None
-    expires: int = entry[i + 1]  # compared as ints: compiled, ``now`` is not boxed for it
-    if expires <= now:
-        return None
-    items: int = entry[i + 2]
-    # A window's or a bucket's two or three items read out: compiled, cheaper than a slice.
-    if items == 2:
-        return (entry[i + 3], entry[i + 4])
-    if items == 3:
-        return (entry[i + 3], entry[i + 4], entry[i + 5])
-    return entry[i + 3:i + 3 + items]
-
-
-def _with_cell(entry: Entry, i: int, slot: Slot, state: Any, expires: Any) -> Entry:
-    """``entry`` with ``slot``'s cell (at index ``i``, -1: none yet) holding ``state``
-    (None: nothing) until ``expires`` (an int typed Any, so that compiled code does not
-    box it anew for each place it is kept: one object, not one per place, in an entry;
-    the entry's own expiry pushed back to it if need be)."""
-    whole = entry[0] if entry[0] > expires else expires
-    items = () if state is None else state
-    size = len(entry)
-    # The one-cell entries joined with +, not starred: compiled, a starred tuple is
-    # built through a list.
-    if i < 0:
-        if size == _FIRST_CELL:  # most identities have one cell
-            return (whole, slot, expires, len(items)) + items  # noqa: RUF005
-        return (whole, *entry[1:], slot, expires, len(items), *items)
-    end = i + 3 + entry[i + 2]
-    if i == _FIRST_CELL and end == size:
-        return (whole, slot, expires, len(items)) + items  # noqa: RUF005
-    return (whole, *entry[1:i], slot, expires, len(items), *items, *entry[end:])
-
-
-def _in_entry_order(spots: list[int]) -> list[int]:
-    """The indexes of ``spots`` ordered by the cell each names (none yet: first)."""
-    return sorted(range(len(spots)), key=spots.__getitem__)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -163,26 +94,26 @@ class MemoryStorage(Storage):
         if len(hits) == 1:
             return self._decide_one(key, entry, hits[0], now, usage)
         hits = merge_hits(hits)
-        kept = entry if entry is not None else _EMPTY
+        kept = entry if entry is not None else EMPTY
         # Where each hit's cell is in the entry (-1: none yet). A limit set keeps its cells in
         # the order of its hits, so the cell after the last one found is tried first.
         spots: list[int] = []
         steps = []
         allowed = ordered = True
-        size, guess = len(kept), _FIRST_CELL
+        size, guess = len(kept), FIRST_CELL
         for hit in hits:
             slot = hit.slot
             # Compared by identity first: a tuple's == compares its items, and an entry
             # keeps the slot object of the hit that made it.
             i = guess if guess < size and (kept[guess] is slot or kept[guess] == slot) else (
-                _find(kept, slot))
+                find_cell(kept, slot))
             if i >= 0:
                 if i < guess:
                     ordered = False
                 items: int = kept[i + 2]
                 guess = i + 3 + items
             spots.append(i)
-            step = run(hit.limit, _state(kept, i, now), now, hit.cost)
+            step = run(hit.limit, cell_state(kept, i, now), now, hit.cost)
             steps.append(step)
             if not step[0]:
                 allowed = False
@@ -194,15 +125,15 @@ class MemoryStorage(Storage):
             # limits before its tier's, say) are written in the entry's order.
             cells: list[Any] = [kept[0]]
             added: list[Any] = []
-            copied = _FIRST_CELL  # kept's cells before this index are in ``cells``
+            copied = FIRST_CELL  # kept's cells before this index are in ``cells``
             held: list[tuple[int, Lease]] = []
-            for k in range(len(hits)) if ordered else _in_entry_order(spots):
+            for k in range(len(hits)) if ordered else in_entry_order(spots):
                 hit = hits[k]
                 if not hit.cost:
                     continue
                 step = steps[k]
                 state, lease = self._leased(key, hit, step[4], now)
-                ends: Any = now + step[2]  # boxed once (see _with_cell)
+                ends: Any = now + step[2]  # boxed once (see with_cell)
                 if hit.limit.windowed:
                     state, ends = self._shared(hit.slot, state, ends)
                 if ends > cells[0]:
@@ -242,7 +173,7 @@ class MemoryStorage(Storage):
             for k, hit in enumerate(hits):
                 if steps[k][0] and hit.cost:
                     i = spots[k]
-                    steps[k] = run(hit.limit, _state(kept, i, now), now, 0)
+                    steps[k] = run(hit.limit, cell_state(kept, i, now), now, 0)
         return new_verdict(allowed, tuple([
             decision_from(hit, step[0], step[1], step[2], step[3])
             for hit, step in zip(hits, steps)]), leases, now / 1_000_000)  # noqa: B905
@@ -251,9 +182,9 @@ class MemoryStorage(Storage):
                     usage: int) -> Verdict:
         """``decide_now`` for a single hit: the same steps, without the loops."""
         slot = hit.slot
-        kept = entry if entry is not None else _EMPTY
-        i = _find(kept, slot)
-        allowed, remaining, reset, retry, state = run(hit.limit, _state(kept, i, now), now,
+        kept = entry if entry is not None else EMPTY
+        i = find_cell(kept, slot)
+        allowed, remaining, reset, retry, state = run(hit.limit, cell_state(kept, i, now), now,
                                                       hit.cost)
         leases: tuple[Lease, ...] = ()
         if allowed and (hit.cost or usage):
@@ -262,7 +193,7 @@ class MemoryStorage(Storage):
                 ends: Any = now + reset
                 if hit.limit.windowed:
                     state, ends = self._shared(slot, state, ends)
-                kept = _with_cell(kept, i, slot, state, ends)
+                kept = with_cell(kept, i, slot, state, ends)
                 if lease is not None:
                     leases = (lease,)
             self._store(key, entry, kept, usage, now, (hit,))
@@ -284,18 +215,18 @@ class MemoryStorage(Storage):
         counted: set[tuple[str, str, float]] = set()  # a request's unit, once in its history
         for key, hit, delta, at in adjustments:
             entry = keys.get(key)
-            kept = entry if entry is not None else _EMPTY
+            kept = entry if entry is not None else EMPTY
             unit = hit.limit.unit
             if unit != "requests" and (key, unit, at) not in counted:
                 counted.add((key, unit, at))
                 self._histories.settle(key, unit, round(at * 1_000_000), delta)
-            i = _find(kept, hit.slot)
-            state = _state(kept, i, now)
+            i = find_cell(kept, hit.slot)
+            state = cell_state(kept, i, now)
             settled = settle(hit.limit, state, now, round(at * 1_000_000), delta)
             if settled is state:
                 continue
             ends = now + run(hit.limit, settled, now, 0)[2] if settled is not None else now
-            self._store(key, entry, _with_cell(kept, i, hit.slot, settled, ends), 0, now)
+            self._store(key, entry, with_cell(kept, i, hit.slot, settled, ends), 0, now)
         return True
 
     def _shared(self, slot: Slot, state: Any, ends: Any) -> tuple[Any, Any]:
@@ -374,15 +305,15 @@ class MemoryStorage(Storage):
             entry = keys.get(lease.key)
             if entry is None:
                 continue
-            i = _find(entry, (lease.scope, lease.uid))
-            held = _state(entry, i, now)
+            i = find_cell(entry, (lease.scope, lease.uid))
+            held = cell_state(entry, i, now)
             if held is None:
                 continue
             keys.move_to_end(lease.key)  # in use: the last identity to evict
             state = renewed(held, now, period_us, lease.id)
             if state is not held:
                 expires = max(entry[i + 1], now + period_us)
-                keys[lease.key] = _with_cell(entry, i, entry[i], state, expires)
+                keys[lease.key] = with_cell(entry, i, entry[i], state, expires)
 
     def _release(self, leases: Sequence[Lease]) -> None:
         keys = self._keys
@@ -390,10 +321,10 @@ class MemoryStorage(Storage):
             entry = keys.get(lease.key)
             if entry is None:
                 continue
-            i = _find(entry, (lease.scope, lease.uid))
+            i = find_cell(entry, (lease.scope, lease.uid))
             if i >= 0:
                 state = without_lease(entry[i + 3:i + 3 + entry[i + 2]], lease.id)
-                keys[lease.key] = _with_cell(entry, i, entry[i], state, entry[i + 1])
+                keys[lease.key] = with_cell(entry, i, entry[i], state, entry[i + 1])
 
     async def usage(
         self, key: str, granularity: Granularity, start: float, end: float,
