@@ -47,6 +47,10 @@ class BlockedKeys:
         self.size = size
         self._keys: dict[tuple[str, LimitSet], Blocked] = {}
 
+    def __len__(self) -> int:
+        """How many denials are kept."""
+        return len(self._keys)
+
     def get(self, key: str, limit_set: LimitSet, now: float) -> Blocked | None:
         """The entry of ``key`` on ``limit_set`` if its denial still lasts at ``now``."""
         blocked = self._keys.get((key, limit_set))

@@ -218,7 +218,7 @@ class Limiter:
         if limit_set.blocked_until:
             return self._from_override_block(key, limit_set)
         now = self.clock()
-        if self._blocked.size:
+        if len(self._blocked):  # none kept (the usual): no look-up to make
             blocked = self._blocked.get(key, limit_set, now)
             if blocked is not None:
                 return self._from_blocked(key, limit_set, blocked, now)

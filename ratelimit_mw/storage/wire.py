@@ -38,7 +38,7 @@ def bulk(value: bytes) -> bytes:
     """One RESP bulk string."""
     size = len(value)
     if size < _SHORT:  # keys, lease ids, arguments: the length's prefix made once
-        return b"".join([_PREFIXES[size], value, b"\r\n"])
+        return _PREFIXES[size] + value + b"\r\n"
     return b"$%d\r\n%b\r\n" % (size, value)
 
 
@@ -75,9 +75,10 @@ class PackedHits(NamedTuple):
             size = len(tag)
             keys = cache[tag] = b"".join([
                 b"$%d\r\n%b%b\r\n" % (size + len(key), tag, key) for key in self.keys])
-        return b"".join([self.head, keys, bulk(clock) if clock else _EMPTY,
-                         bulk(lease) if lease else _EMPTY, bulk(usage) if usage else _EMPTY,
-                         self.tail])
+        # Joined with +: compiled, a join (a list, then each part's buffer) costs more.
+        return (self.head + keys + (bulk(clock) if clock else _EMPTY)
+                + (bulk(lease) if lease else _EMPTY) + (bulk(usage) if usage else _EMPTY)
+                + self.tail)
 
 
 _PACKED_KEYS = 1024
@@ -137,7 +138,7 @@ def pack_function_load(library: str) -> bytes:
 
 def pack_release(key: bytes, lease: bytes) -> bytes:
     """``ZREM key lease``: one concurrency slot given back."""
-    return b"".join([b"*3\r\n$4\r\nZREM\r\n", bulk(key), bulk(lease)])
+    return b"*3\r\n$4\r\nZREM\r\n" + bulk(key) + bulk(lease)
 
 
 def pack_settle(sha: bytes, tag: bytes, clock: bytes, group: Sequence[Adjustment]) -> bytes:
