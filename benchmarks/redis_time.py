@@ -11,7 +11,10 @@ production). Redis time is ``INFO commandstats`` ``usec`` after ``CONFIG RESETST
 summed over the commands the client sent (a script's own commands are inside its
 time) and over every primary; "run" counts every command Redis ran, a script's
 included, "sent" those the client sent. Each figure is the median of ``--runs`` runs.
-The floor is a minimal fixed-window script (``INCR``, ``PEXPIRE`` on the first hit).
+The floor is a minimal fixed-window script (``INCR``, ``PEXPIRE`` on the first hit);
+the guarantees' floors (``floor.lua``) do only what each decision needs with windows on
+Redis's clock and every limit read before any is written; "strings" is our library
+with a fixed window's and a token bucket's state one string (see ``redis_floor.py``).
 With ``--callgrind`` the server runs under valgrind and the figure is thousands of
 instructions run inside the commands sent, per decision: slower, but the same from run
 to run on a busy machine, where µs are not.
@@ -37,10 +40,19 @@ import limits.aio.strategies as limits_strategies
 import limits.storage
 import redis.asyncio as aioredis
 from redis_count import ClientCommands  # benchmarks/ is on sys.path when run as a script
+from redis_floor import (
+    GUARANTEE_FLOORS,
+    STRING_STATE_CASES,
+    floor_step,
+    guarantees_floor_library,
+    string_state_library,
+    string_state_step,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ratelimit_mw import Hit, Limit, RedisStorage
 from ratelimit_mw.storage import storage_from_url
+from ratelimit_mw.storage.scripts import decide_library
 from tests.redis_servers import (
     ClusterDeployment,
     RedisProcess,
@@ -236,8 +248,26 @@ async def table(name: str, url: str, servers: Servers, monitor_url: str | None,
 
     await median("floor", "fixed window: INCR + PEXPIRE, EVALSHA", {"evalsha"}, 1, floor_evalsha)
     await median("floor", "fixed window: INCR + PEXPIRE, FCALL", {"fcall"}, 1, floor_fcall)
+    await guarantee_floors(client, servers, prefix, median)
     await client.aclose()
     return rows
+
+
+async def guarantee_floors(client: Any, servers: Servers, prefix: str,
+                           median: Callable[..., Awaitable[None]]) -> None:
+    """Rows of the guarantees' floors, then of our library with string state."""
+    await client.function_load(guarantees_floor_library(), replace=True)
+    for label, function, keys, slot in GUARANTEE_FLOORS:
+        await median("floor", label, {"fcall"}, 1, floor_step(client, function, prefix, keys, slot))
+    # Ours goes, so that the Lua VM holds one decision library, as it did for ours.
+    for node in servers.nodes:
+        node.call("FUNCTION", "DELETE", decide_library().name)
+    strings = string_state_library()
+    await client.function_load(strings.source, replace=True)
+    for label, hits, _ in cases():
+        if label in STRING_STATE_CASES:
+            step = string_state_step(client, strings.function, f"{prefix}s:", hits)
+            await median("strings", label, {"fcall"}, 1, step)
 
 
 async def release_time(storage: RedisStorage, servers: Servers, hits: list[Hit], usage: int,
