@@ -156,7 +156,7 @@ class Owner(Protocol):
     """The ``FUNCTION LOAD`` and ``SCRIPT LOAD`` commands sent again on NOSCRIPT (or a
     missing function)."""
 
-    def answer(self, entry: Queued, reply: Any) -> None: ...
+    def answer(self, entry: Queued, reply: Any, failed: bool) -> None: ...
 
     def lost(self, pipe: Pipe, exc: Exception) -> None: ...
 
@@ -246,7 +246,7 @@ class Pipe:
                         # A primary demoted by a failover: connect again (Sentinel then
                         # names the new primary).
                         self.transport.close()
-                owner.answer(entry, reply)
+                owner.answer(entry, reply, not plain and isinstance(reply, Exception))
                 batch.answered()
         except (hiredis.ProtocolError, IndexError) as exc:
             # Bytes that are not RESP, or a reply to nothing: nothing after them can be

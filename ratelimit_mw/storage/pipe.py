@@ -209,9 +209,10 @@ class Pipeline:
             for entry in entries:
                 fail(entry[2], exc)
 
-    def answer(self, entry: Queued, reply: Any) -> None:
-        """Hand ``reply`` to its caller; if the caller gave up on an admitted decision,
-        give back the slots it took for nobody."""
+    def answer(self, entry: Queued, reply: Any, failed: bool) -> None:
+        """Hand ``reply`` to its caller (``failed``: it is the error Redis answered); if
+        the caller gave up on an admitted decision, give back the slots it took for
+        nobody."""
         if self._doubtful:
             self._give_back_doubtful()
         future = entry[2]
@@ -220,7 +221,7 @@ class Pipeline:
             if slots is not None and isinstance(reply, list) and reply and reply[0] == 1:
                 self._abandon(slots)
             return
-        if type(reply) is not list and type(reply) is not int and isinstance(reply, Exception):
+        if failed:
             future.set_exception(reply)
         else:
             future.set_result(reply)
