@@ -147,6 +147,84 @@ local function gcra(keys)
   return {1, now, 1, math.floor((tau - ahead) / interval), ahead, 0}
 end
 
+-- 1 000 000 a minute, exact: a sorted set, one member per admitted request scored by
+-- its time. ZCOUNT reads the requests in the window; an admitted one drops those that
+-- left it (the set holds no more than the limit), adds itself and sets the key's life.
+-- TIME, ZCOUNT, ZREMRANGEBYSCORE, ZADD, PEXPIRE.
+local function sliding_log(keys)
+  local key, now = keys[1], clock()
+  local edge = string.format("%d", now - 60000000)
+  local count = redis.call("ZCOUNT", key, "(" .. edge, "+inf")
+  if count >= 1000000 then  -- the reset from the newest, the retry from the oldest kept
+    local newest = redis.call("ZRANGE", key, "-1", "-1", "WITHSCORES")
+    local nth = redis.call("ZRANGEBYSCORE", key, "(" .. edge, "+inf", "WITHSCORES",
+      "LIMIT", count - 1000000, 1)
+    return {0, now, 0, 1000000 - count, tonumber(newest[2]) + 60000000 - now,
+      tonumber(nth[2]) + 60000000 - now}
+  end
+  redis.call("ZREMRANGEBYSCORE", key, "-inf", edge)
+  local score = string.format("%d", now)
+  redis.call("ZADD", key, score, score .. ":" .. (count + 1))
+  redis.call("PEXPIRE", key, "61000")
+  return {1, now, 1, 1000000 - count - 1, 60000000, 0}
+end
+
+-- The same, the newest request read first as ours does: when none is in the window
+-- (an empty set, a caller not seen for a period) no ZCOUNT, and for an empty set no
+-- ZREMRANGEBYSCORE. TIME, ZRANGE, (ZCOUNT, ZREMRANGEBYSCORE,) ZADD, PEXPIRE.
+local function sliding_log_newest_first(keys)
+  local key, now = keys[1], clock()
+  local edge = string.format("%d", now - 60000000)
+  local newest = redis.call("ZRANGE", key, "-1", "-1", "WITHSCORES")
+  local count, latest = 0, tonumber(newest[2])
+  if latest and latest > now - 60000000 then
+    count = redis.call("ZCOUNT", key, "(" .. edge, "+inf")
+  end
+  if count >= 1000000 then
+    local nth = redis.call("ZRANGEBYSCORE", key, "(" .. edge, "+inf", "WITHSCORES",
+      "LIMIT", count - 1000000, 1)
+    return {0, now, 0, 1000000 - count, latest + 60000000 - now,
+      tonumber(nth[2]) + 60000000 - now}
+  end
+  if latest then redis.call("ZREMRANGEBYSCORE", key, "-inf", edge) end
+  local score = string.format("%d", now)
+  redis.call("ZADD", key, score, score .. ":" .. (count + 1))
+  redis.call("PEXPIRE", key, "61000")
+  return {1, now, 1, 1000000 - count - 1, 60000000, 0}
+end
+
+-- 1 000 000 a minute, the previous window's count weighted by its share still inside
+-- the sliding window. A key per window named by its start, as the fixed window's: the
+-- current and the previous read with one MGET, the current written with SET ... PX
+-- when it opens (it lives to the end of the next window, where it is the previous) or
+-- INCRBY. TIME, MGET, SET ... PX or INCRBY.
+local function sliding_window(keys)
+  local now, seconds = clock()
+  local start = seconds - seconds % 60
+  local window = keys[1] .. ":" .. start
+  local counts = redis.call("MGET", window, keys[1] .. ":" .. (start - 60))
+  local current, previous = tonumber(counts[1]) or 0, tonumber(counts[2]) or 0
+  local start_us = start * 1000000
+  local used = previous * ((60000000 - (now - start_us)) / 60000000) + current
+  if used + 1 > 1000000 then  -- the retry: when the weighted count first leaves room
+    local at
+    if current + 1 <= 1000000 then
+      at = start_us + math.ceil(60000000 - (1000000 - current - 1) / previous * 60000000)
+    else
+      at = start_us + 60000000 + math.ceil(60000000 - 999999 / current * 60000000)
+    end
+    local reset = current > 0 and start_us + 120000000 - now or start_us + 60000000 - now
+    return {0, now, 0, math.floor(1000000 - used), reset, math.max(at, now + 1) - now}
+  end
+  local reset = start_us + 120000000 - now
+  if current == 0 then
+    redis.call("SET", window, "1", "PX", ttl_ms(reset))
+  else
+    redis.call("INCRBY", window, "1")
+  end
+  return {1, now, 1, math.floor(1000000 - used - 1), reset, 0}
+end
+
 -- A bucket of 1 000 a minute, 500 000 a day, 100 000 an hour: all three read, then
 -- all three written if all admit.
 local function three_limits(keys)
@@ -211,5 +289,8 @@ redis.register_function("floor_fixed_window_hash", fixed_window_hash)
 redis.register_function("floor_fixed_window_write_first", fixed_window_write_first)
 redis.register_function("floor_token_bucket", token_bucket)
 redis.register_function("floor_gcra", gcra)
+redis.register_function("floor_sliding_log", sliding_log)
+redis.register_function("floor_sliding_log_newest_first", sliding_log_newest_first)
+redis.register_function("floor_sliding_window", sliding_window)
 redis.register_function("floor_three_limits", three_limits)
 redis.register_function("floor_tier", tier)

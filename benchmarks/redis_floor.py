@@ -34,6 +34,11 @@ GUARANTEE_FLOORS = [
      "floor_fixed_window_write_first", 1, False),
     ("token bucket: TIME, GET, SET PX", "floor_token_bucket", 1, False),
     ("GCRA: TIME, GET, SET PX", "floor_gcra", 1, False),
+    ("sliding log: TIME, ZCOUNT, ZREMRANGEBYSCORE, ZADD, PEXPIRE", "floor_sliding_log", 1,
+     False),
+    ("sliding log, newest first: TIME, ZRANGE, (ZCOUNT, ZREM...,) ZADD, PEXPIRE",
+     "floor_sliding_log_newest_first", 1, False),
+    ("sliding-window counter: TIME, MGET, SET PX or INCRBY", "floor_sliding_window", 1, False),
     ("three limits: TIME, 3 reads, 3 writes", "floor_three_limits", 3, False),
     ("tier with slot and usage: TIME, 3 reads, 6-8 writes", "floor_tier", 3, True),
 ]

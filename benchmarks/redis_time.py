@@ -232,6 +232,8 @@ async def table(name: str, url: str, servers: Servers, monitor_url: str | None,
 
             peer_sent = await _sent_names(monitor_url, peer, {"evalsha"}, 100 + case)
             await median("limits", label, set(peer_sent), sum(peer_sent.values()) / 100, peer)
+            # limits' storages have no close: their redis-py client is closed here.
+            await peer_storage.bridge.get_connection().aclose()
     await storage.close()
 
     first = url.split("://", 1)[1].split(",", 1)[0]  # a Cluster learns the others from one
