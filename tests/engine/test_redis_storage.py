@@ -294,6 +294,34 @@ def test_a_cluster_storage_takes_its_timeout() -> None:
     assert (storage.timeout, storage.pipeline) == (0.5, False)
 
 
+@pytest.mark.parametrize("foreign", [False, True])
+async def test_a_sliding_log_reads_its_newest_unit_from_its_name(
+    redis_url: str, redis_prefix: str, raw: aioredis.Redis, foreign: bool,
+) -> None:
+    """The script takes the newest unit's time from its member's name ("<score>:..."); a
+    member named otherwise (written by someone else) has its score asked for instead.
+    Either way a denial's reset counts from the newest unit and its retry from the
+    oldest."""
+    clock = FakeClock(1_800_000_000.0)
+    storage = on_clock(RedisStorage.from_url(redis_url, prefix=redis_prefix), clock)
+    limit = Limit("2/minute", "sliding_log")
+    name = redis_key(redis_prefix, "log", "", limit.uid)
+    try:
+        assert (await storage.decide("log", [Hit(limit)])).allowed
+        clock.advance(10)
+        if foreign:  # the newest unit, 10 s after the first, under a name of its own
+            await raw.zadd(name, {"by-hand": 1_800_000_010_000_000})
+        else:
+            assert (await storage.decide("log", [Hit(limit)])).allowed
+        clock.advance(5)
+        denied = (await storage.decide("log", [Hit(limit)])).decisions[0]
+        assert not denied.allowed
+        assert denied.reset_after == pytest.approx(55)  # the newest leaves at 70 s
+        assert denied.retry_after == pytest.approx(45)  # the oldest leaves at 60 s
+    finally:
+        await storage.close()
+
+
 async def test_decides_on_the_redis_clock(
     storage: RedisStorage, raw: aioredis.Redis, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -21,18 +21,25 @@ local function sl_commit(key, now, ttl_ms, period, cost, count, nonempty)
   redis.call("PEXPIRE", key, ttl_ms)
 end
 
+-- The newest unit's time, or nil for an empty set. Every member is named "<its score>:..."
+-- (sl_commit, settle.lua), so the name says it: asked WITHSCORES, Redis would write the
+-- score out as a double ("%.17g"), for more than the rest of a returning caller's read.
+local function sl_latest(key)
+  local member = redis.call("ZRANGE", key, "-1", "-1")[1]
+  if not member then return nil end
+  local score = string.match(member, "^(%-?%d+):")
+  return tonumber(score or redis.call("ZSCORE", key, member))
+end
+
 ALGORITHMS.sliding_log = function(key, now, amount, period, capacity, cost)
   local limit = amount
   -- The newest unit first: when it has left the window (or the set is empty), so have
   -- all the others, and they need no counting.
-  local newest = redis.call("ZRANGE", key, "-1", "-1", "WITHSCORES")
+  local latest = sl_latest(key)
   local count, reset = 0, 0
-  if newest[2] then
-    local latest = tonumber(newest[2])
-    if latest > now - period then
-      count = redis.call("ZCOUNT", key, "(" .. fmt(now - period), "+inf")
-      reset = latest + period - now
-    end
+  if latest and latest > now - period then
+    count = redis.call("ZCOUNT", key, "(" .. fmt(now - period), "+inf")
+    reset = latest + period - now
   end
   if cost > limit then
     return false, limit - count, reset, NEVER
@@ -47,5 +54,5 @@ ALGORITHMS.sliding_log = function(key, now, amount, period, capacity, cost)
   end
   -- After the clock stepped back, the latest unit still sets the reset.
   return true, limit - count - cost, math.max(reset, period), 0, sl_commit, period, cost,
-    count, newest[2] ~= nil
+    count, latest ~= nil
 end
