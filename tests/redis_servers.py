@@ -246,14 +246,14 @@ class ClusterDeployment:
         target.call("CLUSTER", "SETSLOT", slot, "IMPORTING", self.node_id(source))
         source.call("CLUSTER", "SETSLOT", slot, "MIGRATING", self.node_id(target))
         while keys := source.call("CLUSTER", "GETKEYSINSLOT", slot, 100):
-            source.call("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+            _migrate(source, target, keys)
         return source
 
     def finish_moving(self, slot: int, target: RedisProcess) -> None:
         """Give ``slot`` to ``target`` on every node: clients now get MOVED."""
         source = self.owner(slot)
         while keys := source.call("CLUSTER", "GETKEYSINSLOT", slot, 100):  # written meanwhile
-            source.call("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+            _migrate(source, target, keys)
         target_id = self.node_id(target)
         for node in [target, source, *(n for n in self.nodes if n not in (target, source))]:
             node.call("CLUSTER", "SETSLOT", slot, "NODE", target_id)
@@ -262,6 +262,15 @@ class ClusterDeployment:
         """Reshard one slot to ``target``, keys and all."""
         self.begin_moving(slot, target)
         self.finish_moving(slot, target)
+
+
+def _migrate(source: RedisProcess, target: RedisProcess, keys: list[str]) -> None:
+    """Move ``keys`` from ``source`` to ``target``, replacing what the target holds of
+    them: a MIGRATE cut off on a loaded host (its own timeout, or the client's, which
+    sends it again) leaves on the source the keys whose RESTORE it saw no answer to, and
+    the next MIGRATE of them then fails with BUSYKEY. The source's copy is the live one:
+    no client writes a key to the target while the source still holds it."""
+    source.call("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "REPLACE", "KEYS", *keys)
 
 
 def _sentinel(server: str, primary: RedisProcess) -> Callable[[Path, int], list[str]]:
