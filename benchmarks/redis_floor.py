@@ -45,35 +45,35 @@ GUARANTEE_FLOORS = [
 
 # Our decision's Lua (as decide_library() joins it) -> the same with string state.
 STRING_STATE = [
-    ('''  local saved = redis.call("HMGET", key, "w", "c")
+    ('''  local saved = call("HMGET", key, "w", "c")
   local opened = num(saved[1]) ~= start
   if not opened then
     count = num(saved[2])
-  end''', '''  local saved = redis.call("GET", key)
+  end''', '''  local saved = call("GET", key)
   local space = saved and string.find(saved, " ", 1, true)
   local opened = not saved or num(string.sub(saved, 1, space - 1)) ~= start
   if not opened then
     count = num(string.sub(saved, space + 1))
   end'''),
-    ('''    redis.call("HSET", key, "w", text(start), "c", text(used))
+    ('''    call("HSET", key, "w", text(start), "c", text(used))
     -- The key lives to the end of its window: set once, when the window opens.
-    redis.call("PEXPIRE", key, ttl_ms)
+    call("PEXPIRE", key, ttl_ms)
   else
-    redis.call("HSET", key, "c", text(used))''',
-     '''    redis.call("SET", key, text(start) .. " " .. text(used), "PX", ttl_ms)
+    call("HSET", key, "c", text(used))''',
+     '''    call("SET", key, text(start) .. " " .. text(used), "PX", ttl_ms)
   else
-    redis.call("SET", key, text(start) .. " " .. text(used), "KEEPTTL")'''),
-    ('''  local saved = redis.call("HMGET", key, "t", "l")
+    call("SET", key, text(start) .. " " .. text(used), "KEEPTTL")'''),
+    ('''  local saved = call("HMGET", key, "t", "l")
   local stored, last = tonumber(saved[1]), tonumber(saved[2])''',
-     '''  local saved, stored, last = redis.call("GET", key), nil, nil
+     '''  local saved, stored, last = call("GET", key), nil, nil
   if saved then
     local space = string.find(saved, " ", 1, true)
     stored = tonumber(string.sub(saved, 1, space - 1))
     last = tonumber(string.sub(saved, space + 1))
   end'''),
-    ('''  redis.call("HSET", key, "t", tokens, "l", fmt(now))
-  redis.call("PEXPIRE", key, ttl_ms)''',
-     '''  redis.call("SET", key, tokens .. " " .. fmt(now), "PX", ttl_ms)'''),
+    ('''  call("HSET", key, "t", tokens, "l", fmt(now))
+  call("PEXPIRE", key, ttl_ms)''',
+     '''  call("SET", key, tokens .. " " .. fmt(now), "PX", ttl_ms)'''),
 ]
 STRING_STATE_CASES = ("fixed_window", "token_bucket", "three limits (bucket + day + hour)")
 

@@ -4,33 +4,33 @@
 local CONCURRENCY_RETRY_HINT = 1000000
 local function concurrency_commit(key, now, ttl_ms, period, nonempty)
   -- Ended leases go; an empty set (every slot given back: the common case) has none.
-  if nonempty then redis.call("ZREMRANGEBYSCORE", key, "-inf", fmt(now)) end
-  redis.call("ZADD", key, now + period, LEASE)
-  redis.call("PEXPIRE", key, ttl_ms)
+  if nonempty then call("ZREMRANGEBYSCORE", key, "-inf", fmt(now)) end
+  call("ZADD", key, now + period, LEASE)
+  call("PEXPIRE", key, ttl_ms)
 end
 
 ALGORITHMS.concurrency = function(key, now, amount, period, capacity, cost)
   -- The latest lease first: when it has ended (a caller with nothing in flight, the
   -- common case), so have all the others, and they need no counting.
-  local latest = redis.call("ZRANGE", key, "-1", "-1", "WITHSCORES")
+  local latest = call("ZRANGE", key, "-1", "-1", "WITHSCORES")
   local in_flight, reset = 0, 0
   local ends = tonumber(latest[2])
   if ends and ends > now then
-    in_flight = redis.call("ZCOUNT", key, "(" .. fmt(now), "+inf")
+    in_flight = call("ZCOUNT", key, "(" .. fmt(now), "+inf")
     reset = ends - now
   end
   if cost > capacity then
     return false, capacity - in_flight, reset, NEVER
   end
   if in_flight + cost > capacity then
-    local oldest = redis.call("ZRANGEBYSCORE", key, "(" .. fmt(now), "+inf", "WITHSCORES",
+    local oldest = call("ZRANGEBYSCORE", key, "(" .. fmt(now), "+inf", "WITHSCORES",
       "LIMIT", 0, 1)
     return false, capacity - in_flight, reset,
-      math.min(tonumber(oldest[2]) - now, CONCURRENCY_RETRY_HINT)
+      min(tonumber(oldest[2]) - now, CONCURRENCY_RETRY_HINT)
   end
   if cost == 0 then
     return true, capacity - in_flight, reset, 0
   end
-  return true, capacity - in_flight - cost, math.max(reset, period), 0, concurrency_commit,
+  return true, capacity - in_flight - cost, max(reset, period), 0, concurrency_commit,
     period, latest[2] ~= nil
 end

@@ -13,6 +13,7 @@
 -- Reply: {all admitted (1/0), now, then per hit: admitted (1/0), remaining, reset, retry
 -- (for an admitted shaped hit: its wait)}.
 local SLACK_MS = 1000
+if not call then bind_globals() end
 local now = clock(ARGV[1])
 LEASE = ARGV[2]
 
@@ -24,9 +25,26 @@ if not reply then
   reply = {}
   replies[n] = reply
 end
+
+-- One hit (most decisions): committed at once when admitted; denied, it has no commit.
+if n == 1 then
+  local hit = parsed_hits[ARGV[4]] or parse_hit(ARGV[4])
+  local allowed, remaining, reset, retry, commit, a, b, c, d =
+    hit[1](KEYS[1], now, hit[2], hit[3], hit[4], hit[5], hit[6])
+  local admits = 0
+  if allowed then
+    if commit then commit(KEYS[1], now, ceil(reset / 1000) + SLACK_MS, a, b, c, d) end
+    if ARGV[3] ~= "" then count_request(KEYS[1], ARGV[3], now) end
+    admits = 1
+  end
+  reply[1], reply[2], reply[3], reply[4], reply[5], reply[6] =
+    admits, now, admits, remaining, reset, retry
+  return reply
+end
+
 local admitted = true
 for i = 1, n do
-  local hit = parse_hit(ARGV[3 + i])
+  local hit = parsed_hits[ARGV[3 + i]] or parse_hit(ARGV[3 + i])
   local allowed, remaining, reset, retry, commit, a, b, c, d =
     hit[1](KEYS[i], now, hit[2], hit[3], hit[4], hit[5], hit[6])
   local r, s = 4 * i - 1, 5 * i - 4
@@ -43,11 +61,11 @@ for i = 1, n do
   if commit then
     local r = 4 * i - 1
     if admitted then
-      commit(KEYS[i], now, math.ceil(reply[r + 2] / 1000) + SLACK_MS,
+      commit(KEYS[i], now, ceil(reply[r + 2] / 1000) + SLACK_MS,
         commits[s + 1], commits[s + 2], commits[s + 3], commits[s + 4])
     else
       -- Report what the admitted limits look like without this request's cost.
-      local h = parse_hit(ARGV[3 + i])
+      local h = parsed_hits[ARGV[3 + i]] or parse_hit(ARGV[3 + i])
       local allowed, remaining, reset, retry = h[1](KEYS[i], now, h[2], h[3], h[4], 0, h[6])
       reply[r], reply[r + 1], reply[r + 2], reply[r + 3] =
         allowed and 1 or 0, remaining, reset, retry

@@ -2,17 +2,17 @@
 -- State: hash {w = window start, c = count}.
 local function fw_commit(key, now, ttl_ms, start, used, opened)
   if opened then
-    redis.call("HSET", key, "w", text(start), "c", text(used))
+    call("HSET", key, "w", text(start), "c", text(used))
     -- The key lives to the end of its window: set once, when the window opens.
-    redis.call("PEXPIRE", key, ttl_ms)
+    call("PEXPIRE", key, ttl_ms)
   else
-    redis.call("HSET", key, "c", text(used))
+    call("HSET", key, "c", text(used))
   end
 end
 
 local function fw_in_window(key, now, start, finish, limit, cost)
   local count = 0
-  local saved = redis.call("HMGET", key, "w", "c")
+  local saved = call("HMGET", key, "w", "c")
   local opened = num(saved[1]) ~= start
   if not opened then
     count = num(saved[2])

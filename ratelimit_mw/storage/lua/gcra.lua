@@ -11,12 +11,12 @@ local function gcra_ticks(amount, period, capacity)
   if interval * capacity <= GCRA_EXACT then
     return per_us, interval
   end
-  per_us = math.floor((GCRA_EXACT - 2 * capacity) / math.max(period * capacity / amount, period))
+  per_us = floor((GCRA_EXACT - 2 * capacity) / max(period * capacity / amount, period))
   return per_us, -idiv(-(period * per_us), amount)
 end
 
 local function gcra_commit(key, now, ttl_ms, ahead, per_us)
-  redis.call("SET", key, fmt(now + idiv(ahead, per_us)) .. "." .. text(imod(ahead, per_us)),
+  call("SET", key, fmt(now + idiv(ahead, per_us)) .. "." .. text(imod(ahead, per_us)),
     "PX", ttl_ms)
 end
 
@@ -27,7 +27,7 @@ ALGORITHMS.gcra = function(key, now, amount, period, capacity, cost, delay)
     delay > 0 and -idiv(-(delay * amount), period) or 0))
   local tau = interval * capacity
   local ahead = 0
-  local stored = redis.call("GET", key)
+  local stored = call("GET", key)
   if stored then
     local dot = string.find(stored, ".", 1, true)
     local us, part

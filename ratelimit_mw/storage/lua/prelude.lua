@@ -1,9 +1,18 @@
 -- units: time in microseconds (integers), amounts and costs in requests.
 -- Shared helpers for the algorithm files that follow; the driver (decide.lua) comes last.
+-- Globals used on every call, held as upvalues (a global is looked up through the
+-- sandbox's tables each time): bound by the driver's first call, since a Function
+-- library cannot reach them while it loads.
+local call, floor, ceil, min, max, format
+local function bind_globals()
+  call, floor, ceil, min, max = redis.call, math.floor, math.ceil, math.min, math.max
+  format = string.format
+end
+
 -- Lua 5.1 numbers are doubles: integer division and modulo are corrected so that they
 -- are exact for every integer below 2^53, like Python's // and %.
 local function idiv(a, b)
-  local q = math.floor(a / b)
+  local q = floor(a / b)
   if q * b > a then
     q = q - 1
   elseif (q + 1) * b <= a then
@@ -24,7 +33,7 @@ local function imod(a, b)
 end
 
 local function fmt(n)
-  return string.format("%d", n)
+  return format("%d", n)
 end
 
 -- Conversions of values that repeat from call to call (a window's start, a count, the
@@ -56,7 +65,7 @@ end
 local function text(n)
   local t = memo_texts[n]
   if t == nil then
-    t = string.format("%d", n)
+    t = format("%d", n)
     memo_room()
     memo_texts[n] = t
   end
@@ -70,7 +79,7 @@ local HOUR_US, DAY_US = 3600000000, 86400000000
 -- one, else Redis's clock.
 local function clock(given)
   if given ~= "" then return tonumber(given) end
-  local t = redis.call("TIME")
+  local t = call("TIME")
   return num(t[1]) * 1000000 + tonumber(t[2])
 end
 local ALGORITHMS = {}

@@ -12,19 +12,19 @@ local SETTLE = {}
 
 -- The key lives at least until `ends` (a time): a debt outlives the reservation.
 local function keep_until(key, now, ends)
-  local ttl = math.ceil((ends - now) / 1000) + SETTLE_SLACK_MS
-  if redis.call("PTTL", key) < ttl then redis.call("PEXPIRE", key, ttl) end
+  local ttl = ceil((ends - now) / 1000) + SETTLE_SLACK_MS
+  if call("PTTL", key) < ttl then call("PEXPIRE", key, ttl) end
 end
 
 local function fw_settle(key, now, start, finish, delta)
-  local saved = redis.call("HMGET", key, "w", "c")
+  local saved = call("HMGET", key, "w", "c")
   if saved[1] then
     if tonumber(saved[1]) ~= start then return false end
-    redis.call("HSET", key, "c", fmt(math.max(0, tonumber(saved[2]) + delta)))
+    call("HSET", key, "c", fmt(max(0, tonumber(saved[2]) + delta)))
     return true
   end
   if now >= finish or delta <= 0 then return false end  -- nothing reserved, nothing due
-  redis.call("HSET", key, "w", fmt(start), "c", fmt(delta))
+  call("HSET", key, "w", fmt(start), "c", fmt(delta))
   keep_until(key, now, finish)
   return true
 end
@@ -41,22 +41,22 @@ end
 
 SETTLE.sliding_window = function(key, now, at, amount, period, capacity, delta)
   local start = at - imod(at, period)
-  local saved = redis.call("HMGET", key, "w", "c", "p")
+  local saved = call("HMGET", key, "w", "c", "p")
   local w = tonumber(saved[1])
   if not w then
     if delta <= 0 or now >= start + 2 * period then return false end
     if now < start + period then
-      redis.call("HSET", key, "w", fmt(start), "c", fmt(delta), "p", "0")
+      call("HSET", key, "w", fmt(start), "c", fmt(delta), "p", "0")
     else
-      redis.call("HSET", key, "w", fmt(start + period), "c", "0", "p", fmt(delta))
+      call("HSET", key, "w", fmt(start + period), "c", "0", "p", fmt(delta))
     end
     keep_until(key, now, start + 2 * period)
     return true
   end
   if w == start then
-    redis.call("HSET", key, "c", fmt(math.max(0, tonumber(saved[2]) + delta)))
+    call("HSET", key, "c", fmt(max(0, tonumber(saved[2]) + delta)))
   elseif w == start + period then
-    redis.call("HSET", key, "p", fmt(math.max(0, tonumber(saved[3]) + delta)))
+    call("HSET", key, "p", fmt(max(0, tonumber(saved[3]) + delta)))
   else
     return false
   end
@@ -67,22 +67,22 @@ SETTLE.sliding_log = function(key, now, at, amount, period, capacity, delta)
   if at <= now - period then return false end
   local score = fmt(at)
   if delta < 0 then
-    local taken = redis.call("ZRANGEBYSCORE", key, score, score, "LIMIT", 0, -delta)
+    local taken = call("ZRANGEBYSCORE", key, score, score, "LIMIT", 0, -delta)
     if #taken == 0 then return false end
     for first = 1, #taken, 500 do
-      redis.call("ZREM", key, unpack(taken, first, math.min(#taken, first + 499)))
+      call("ZREM", key, unpack(taken, first, min(#taken, first + 499)))
     end
     return true
   end
   -- Members of their own ("s" and the settling time), apart from the decisions'.
-  local size, tag = redis.call("ZCARD", key), score .. ":s" .. fmt(now) .. ":"
+  local size, tag = call("ZCARD", key), score .. ":s" .. fmt(now) .. ":"
   for first = 1, delta, 500 do
     local args = {}
-    for i = first, math.min(delta, first + 499) do
+    for i = first, min(delta, first + 499) do
       args[#args + 1] = score
       args[#args + 1] = tag .. fmt(size + i)
     end
-    redis.call("ZADD", key, unpack(args))
+    call("ZADD", key, unpack(args))
   end
   keep_until(key, now, at + period)
   return true
@@ -90,21 +90,21 @@ end
 
 SETTLE.token_bucket = function(key, now, at, amount, period, capacity, delta)
   local rate = amount / period
-  local saved = redis.call("HMGET", key, "t", "l")
+  local saved = call("HMGET", key, "t", "l")
   local stored, last = tonumber(saved[1]), tonumber(saved[2])
   if stored and tb_available(stored, last, now, capacity, rate) >= capacity then
     stored = nil  -- refilled by now: a full bucket, as if the key had gone
   end
   local tokens
   if stored then
-    tokens, last = math.min(capacity, stored - delta), last
+    tokens, last = min(capacity, stored - delta), last
   elseif delta > 0 then  -- a full bucket: only a debt changes it, from now
     tokens, last = capacity - delta, now
   else
     return false
   end
-  redis.call("HSET", key, "t", string.format("%.17g", tokens), "l", fmt(last))
-  keep_until(key, now, last + math.ceil((capacity - tokens) / rate))
+  call("HSET", key, "t", format("%.17g", tokens), "l", fmt(last))
+  keep_until(key, now, last + ceil((capacity - tokens) / rate))
   return true
 end
 
@@ -112,7 +112,7 @@ SETTLE.gcra = function(key, now, at, amount, period, capacity, delta)
   local per_us, interval = gcra_ticks(amount, period, capacity)
   -- Ticks past now: a TAT already passed is an empty bucket, as when deciding.
   local ahead = delta * interval
-  local stored = redis.call("GET", key)
+  local stored = call("GET", key)
   if stored then
     local dot = string.find(stored, ".", 1, true)
     local us, part = tonumber(stored), 0
@@ -124,15 +124,16 @@ SETTLE.gcra = function(key, now, at, amount, period, capacity, delta)
     return false
   end
   if ahead <= 0 then
-    redis.call("DEL", key)
+    call("DEL", key)
   else
     local us = now + idiv(ahead, per_us)
-    redis.call("SET", key, fmt(us) .. "." .. fmt(imod(ahead, per_us)),
-      "PX", math.ceil((us - now) / 1000) + SETTLE_SLACK_MS)
+    call("SET", key, fmt(us) .. "." .. fmt(imod(ahead, per_us)),
+      "PX", ceil((us - now) / 1000) + SETTLE_SLACK_MS)
   end
   return true
 end
 
+if not call then bind_globals() end
 local now = clock(ARGV[1])
 
 -- The hour and day buckets of the unit's usage history that counted the request at
@@ -140,9 +141,9 @@ local now = clock(ARGV[1])
 local function settle_usage(key, unit, at, delta)
   local series = string.match(key, "^[^}]*}:") .. "u:" .. unit .. ":"
   for _, bucket in ipairs({"h:" .. fmt(idiv(at, HOUR_US)), "d:" .. fmt(idiv(at, DAY_US))}) do
-    local counted = redis.call("GET", series .. bucket)
+    local counted = call("GET", series .. bucket)
     if counted then
-      redis.call("SET", series .. bucket, fmt(math.max(0, tonumber(counted) + delta)),
+      call("SET", series .. bucket, fmt(max(0, tonumber(counted) + delta)),
         "KEEPTTL")
     end
   end

@@ -1,36 +1,36 @@
 -- units: time in microseconds, amounts in requests. Twin of algorithms/sliding_window.py;
 -- the floating-point expressions keep the Python order of operations, bit for bit.
 -- State: hash {w = window start, c = current count, p = previous count}.
-local function swc_counts(saved, start, period)
-  local w = num(saved[1])
-  if not w then return 0, 0 end
-  if w == start then return num(saved[2]), num(saved[3]) end
-  if w == start - period then return 0, num(saved[2]) end
-  return 0, 0
-end
 
-local function swc_used(current, previous, elapsed, period)
-  return previous * ((period - elapsed) / period) + current
+-- The weighted count of the sliding window ending at t, then what it is made of: the
+-- start of t's window, its count, the previous window's, and the saved window's start.
+local function swc_at(saved, t, period)
+  local start = t - imod(t, period)
+  local window, current, previous = num(saved[1]), 0, 0
+  if window == start then
+    current, previous = num(saved[2]), num(saved[3])
+  elseif window == start - period then
+    previous = num(saved[2])
+  end
+  return previous * ((period - (t - start)) / period) + current, start, current, previous,
+    window
 end
 
 local function swc_admits(saved, t, limit, period, cost)
-  local start = t - imod(t, period)
-  local current, previous = swc_counts(saved, start, period)
-  return swc_used(current, previous, t - start, period) + cost <= limit
+  return swc_at(saved, t, period) + cost <= limit
 end
 
 local function swc_retry_at(saved, now, limit, period, cost)
-  local start = now - imod(now, period)
-  local current, previous = swc_counts(saved, start, period)
+  local _, start, current, previous = swc_at(saved, now, period)
   local t
   if current + cost <= limit then
-    t = start + math.ceil(period - (limit - current - cost) / previous * period)
+    t = start + ceil(period - (limit - current - cost) / previous * period)
   else
-    t = start + period + math.ceil(period - (limit - cost) / current * period)
+    t = start + period + ceil(period - (limit - cost) / current * period)
   end
   -- As in Python: the guess, else bisection up to the end of the next window.
   local bound = start + 2 * period
-  t = math.min(math.max(t, now + 1), bound)
+  t = min(max(t, now + 1), bound)
   local low, high
   if swc_admits(saved, t, limit, period, cost) then
     if t - 1 == now or not swc_admits(saved, t - 1, limit, period, cost) then
@@ -41,7 +41,7 @@ local function swc_retry_at(saved, now, limit, period, cost)
     low, high = t, bound
   end
   while high - low > 1 do
-    local middle = math.floor((low + high) / 2)
+    local middle = floor((low + high) / 2)
     if swc_admits(saved, middle, limit, period, cost) then
       high = middle
     else
@@ -53,20 +53,18 @@ end
 
 local function swc_commit(key, now, ttl_ms, start, current, previous, opened)
   if opened then
-    redis.call("HSET", key, "w", text(start), "c", text(current), "p", text(previous))
+    call("HSET", key, "w", text(start), "c", text(current), "p", text(previous))
     -- The key lives to the end of the window after this one: set once per window.
-    redis.call("PEXPIRE", key, ttl_ms)
+    call("PEXPIRE", key, ttl_ms)
   else
-    redis.call("HSET", key, "c", text(current))
+    call("HSET", key, "c", text(current))
   end
 end
 
 ALGORITHMS.sliding_window = function(key, now, amount, period, capacity, cost)
   local limit = amount
-  local saved = redis.call("HMGET", key, "w", "c", "p")
-  local start = now - imod(now, period)
-  local current, previous = swc_counts(saved, start, period)
-  local used = swc_used(current, previous, now - start, period)
+  local saved = call("HMGET", key, "w", "c", "p")
+  local used, start, current, previous, window = swc_at(saved, now, period)
   local reset = 0
   if current > 0 then
     reset = start + 2 * period - now
@@ -74,15 +72,15 @@ ALGORITHMS.sliding_window = function(key, now, amount, period, capacity, cost)
     reset = start + period - now
   end
   if cost > limit then
-    return false, math.floor(limit - used), reset, NEVER
+    return false, floor(limit - used), reset, NEVER
   end
   if used + cost > limit then
-    return false, math.floor(limit - used), reset,
+    return false, floor(limit - used), reset,
       swc_retry_at(saved, now, limit, period, cost) - now
   end
   if cost == 0 then
-    return true, math.floor(limit - used), reset, 0
+    return true, floor(limit - used), reset, 0
   end
-  return true, math.floor(limit - used - cost), start + 2 * period - now, 0, swc_commit,
-    start, current + cost, previous, num(saved[1]) ~= start
+  return true, floor(limit - used - cost), start + 2 * period - now, 0, swc_commit,
+    start, current + cost, previous, window ~= start
 end

@@ -30,11 +30,11 @@ local function count_usage(series, units, now, hours, days)
   local hour, day = idiv(now, HOUR_US), idiv(now, DAY_US)
   local hour_key, day_key = series .. "h:" .. text(hour), series .. "d:" .. text(day)
   -- A bucket's end of life is fixed when it is created: set it then, not per request.
-  if redis.call("INCRBY", hour_key, units) == added then
-    redis.call("PEXPIRE", hour_key, math.ceil(((hour + hours) * HOUR_US - now) / 1000))
+  if call("INCRBY", hour_key, units) == added then
+    call("PEXPIRE", hour_key, ceil(((hour + hours) * HOUR_US - now) / 1000))
   end
-  if redis.call("INCRBY", day_key, units) == added then
-    redis.call("PEXPIRE", day_key, math.ceil(((day + days) * DAY_US - now) / 1000))
+  if call("INCRBY", day_key, units) == added then
+    call("PEXPIRE", day_key, ceil(((day + days) * DAY_US - now) / 1000))
   end
 end
 
