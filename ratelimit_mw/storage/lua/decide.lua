@@ -30,7 +30,7 @@ end
 if n == 1 then
   local hit = parsed_hits[ARGV[4]] or parse_hit(ARGV[4])
   local allowed, remaining, reset, retry, commit, a, b, c, d =
-    hit[1](KEYS[1], now, hit[2], hit[3], hit[4], hit[5], hit[6])
+    hit[1](KEYS[1], now, hit[2], hit[3], hit[4], hit[5], hit[6], hit)
   local admits = 0
   if allowed then
     if commit then commit(KEYS[1], now, ceil(reset / 1000) + SLACK_MS, a, b, c, d) end
@@ -46,7 +46,7 @@ local admitted = true
 for i = 1, n do
   local hit = parsed_hits[ARGV[3 + i]] or parse_hit(ARGV[3 + i])
   local allowed, remaining, reset, retry, commit, a, b, c, d =
-    hit[1](KEYS[i], now, hit[2], hit[3], hit[4], hit[5], hit[6])
+    hit[1](KEYS[i], now, hit[2], hit[3], hit[4], hit[5], hit[6], hit)
   local r, s = 4 * i - 1, 5 * i - 4
   if allowed then reply[r] = 1 else reply[r], admitted = 0, false end
   reply[r + 1], reply[r + 2], reply[r + 3] = remaining, reset, retry
@@ -66,7 +66,8 @@ for i = 1, n do
     else
       -- Report what the admitted limits look like without this request's cost.
       local h = parsed_hits[ARGV[3 + i]] or parse_hit(ARGV[3 + i])
-      local allowed, remaining, reset, retry = h[1](KEYS[i], now, h[2], h[3], h[4], 0, h[6])
+      local allowed, remaining, reset, retry =
+        h[1](KEYS[i], now, h[2], h[3], h[4], 0, h[6], h)
       reply[r], reply[r + 1], reply[r + 2], reply[r + 3] =
         allowed and 1 or 0, remaining, reset, retry
     end

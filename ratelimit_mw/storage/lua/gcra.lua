@@ -22,17 +22,22 @@ end
 
 -- With delay (microseconds: a shaped limit's longest wait), a request that fits within
 -- it is admitted with its turn that far ahead, its retry saying how long it waits.
-ALGORITHMS.gcra = function(key, now, amount, period, capacity, cost, delay)
-  local per_us, interval = gcra_ticks(amount, period, capacity + (
-    delay > 0 and -idiv(-(delay * amount), period) or 0))
+ALGORITHMS.gcra = function(key, now, amount, period, capacity, cost, delay, hit)
+  -- The ticks follow from the hit's numbers alone: worked out once, kept in its table.
+  local per_us, interval = hit[7], hit[8]
+  if not per_us then
+    per_us, interval = gcra_ticks(amount, period, capacity + (
+      delay > 0 and -idiv(-(delay * amount), period) or 0))
+    hit[7], hit[8] = per_us, interval
+  end
   local tau = interval * capacity
   local ahead = 0
   local stored = call("GET", key)
   if stored then
-    local dot = string.find(stored, ".", 1, true)
+    local dot = find(stored, ".", 1, true)
     local us, part
     if dot then
-      us, part = tonumber(string.sub(stored, 1, dot - 1)), num(string.sub(stored, dot + 1))
+      us, part = tonumber(sub(stored, 1, dot - 1)), num(sub(stored, dot + 1))
     else
       us, part = tonumber(stored), 0
     end

@@ -9,12 +9,14 @@ local parsed_hits, parsed_count = {}, 0
 
 -- {algorithm function, amount, period, capacity, cost, longest wait} of one argument,
 -- parsed and kept. Callers look in parsed_hits first: a look-up costs less than a call.
+-- An algorithm is called with these and the table itself, in whose later slots it may
+-- keep what follows from them (gcra.lua: its ticks).
 local function parse_hit(arg)
   local name, amount, period, capacity, cost =
-    string.match(arg, "^(%S+) (%d+) (%d+) (%d+) (%d+)$")
+    match(arg, "^(%S+) (%d+) (%d+) (%d+) (%d+)$")
   local algorithm, delay = ALGORITHMS[name], 0
   if name and not algorithm then
-    local base, held = string.match(name, "^(.-)%+(%d+)$")
+    local base, held = match(name, "^(.-)%+(%d+)$")
     algorithm, delay = ALGORITHMS[base], tonumber(held)
   end
   if not algorithm then error("ratelimit_mw: not a hit: " .. arg) end

@@ -3,10 +3,10 @@
 -- Globals used on every call, held as upvalues (a global is looked up through the
 -- sandbox's tables each time): bound by the driver's first call, since a Function
 -- library cannot reach them while it loads.
-local call, floor, ceil, min, max, format
+local call, floor, ceil, min, max, format, find, sub, match
 local function bind_globals()
   call, floor, ceil, min, max = redis.call, math.floor, math.ceil, math.min, math.max
-  format = string.format
+  format, find, sub, match = string.format, string.find, string.sub, string.match
 end
 
 -- Lua 5.1 numbers are doubles: integer division and modulo are corrected so that they

@@ -114,10 +114,10 @@ SETTLE.gcra = function(key, now, at, amount, period, capacity, delta)
   local ahead = delta * interval
   local stored = call("GET", key)
   if stored then
-    local dot = string.find(stored, ".", 1, true)
+    local dot = find(stored, ".", 1, true)
     local us, part = tonumber(stored), 0
     if dot then
-      us, part = tonumber(string.sub(stored, 1, dot - 1)), tonumber(string.sub(stored, dot + 1))
+      us, part = tonumber(sub(stored, 1, dot - 1)), tonumber(sub(stored, dot + 1))
     end
     if us >= now then ahead = ahead + (us - now) * per_us + part end
   elseif delta <= 0 then
@@ -139,7 +139,7 @@ local now = clock(ARGV[1])
 -- The hour and day buckets of the unit's usage history that counted the request at
 -- `at`, moved by delta (never below 0); none where the history is off.
 local function settle_usage(key, unit, at, delta)
-  local series = string.match(key, "^[^}]*}:") .. "u:" .. unit .. ":"
+  local series = match(key, "^[^}]*}:") .. "u:" .. unit .. ":"
   for _, bucket in ipairs({"h:" .. fmt(idiv(at, HOUR_US)), "d:" .. fmt(idiv(at, DAY_US))}) do
     local counted = call("GET", series .. bucket)
     if counted then

@@ -27,7 +27,7 @@ end
 local function sl_latest(key)
   local member = call("ZRANGE", key, "-1", "-1")[1]
   if not member then return nil end
-  local score = string.match(member, "^(%-?%d+):")
+  local score = match(member, "^(%-?%d+):")
   return tonumber(score or call("ZSCORE", key, member))
 end
 

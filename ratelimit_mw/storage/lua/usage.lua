@@ -11,7 +11,7 @@ local parsed_usage, parsed_usage_count = {}, 0
 local function parse_usage(arg)
   local usage = parsed_usage[arg]
   if usage then return usage end
-  local h, d, u, spent = string.match(arg, "^(%d+),(%d+),(%d+)(.*)$")
+  local h, d, u, spent = match(arg, "^(%d+),(%d+),(%d+)(.*)$")
   local units = {}
   for unit, amount in string.gmatch(spent, ";([%w_-]+)=(%d+)") do
     units[#units + 1] = unit .. ":"
@@ -43,7 +43,7 @@ end
 local function count_request(key, arg, now)
   local usage = parse_usage(arg)
   local hours, days, spent = usage[1], usage[2], usage[4]
-  local buckets = string.match(key, "^[^}]*}:") .. "u:"
+  local buckets = match(key, "^[^}]*}:") .. "u:"
   count_usage(buckets, usage[3], now, hours, days)
   for i = 1, #spent, 2 do
     count_usage(buckets .. spent[i], spent[i + 1], now, hours, days)
