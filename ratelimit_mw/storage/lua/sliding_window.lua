@@ -64,7 +64,15 @@ end
 ALGORITHMS.sliding_window = function(key, now, amount, period, capacity, cost)
   local limit = amount
   local saved = call("HMGET", key, "w", "c", "p")
-  local used, start, current, previous, window = swc_at(saved, now, period)
+  -- swc_at(saved, now, period), inlined: this runs on every request.
+  local start = now - imod(now, period)
+  local window, current, previous = num(saved[1]), 0, 0
+  if window == start then
+    current, previous = num(saved[2]), num(saved[3])
+  elseif window == start - period then
+    previous = num(saved[2])
+  end
+  local used = previous * ((period - (now - start)) / period) + current
   local reset = 0
   if current > 0 then
     reset = start + 2 * period - now
