@@ -57,10 +57,10 @@ STRING_STATE = [
   end'''),
     ('''    call("HSET", key, "w", text(start), "c", text(used))
     -- The key lives to the end of its window: set once, when the window opens.
-    call("PEXPIRE", key, ttl_ms)
+    call("PEXPIRE", key, fmt(ttl_ms))
   else
     call("HSET", key, "c", text(used))''',
-     '''    call("SET", key, text(start) .. " " .. text(used), "PX", ttl_ms)
+     '''    call("SET", key, text(start) .. " " .. text(used), "PX", fmt(ttl_ms))
   else
     call("SET", key, text(start) .. " " .. text(used), "KEEPTTL")'''),
     ('''  local saved = call("HMGET", key, "t", "l")
@@ -72,8 +72,8 @@ STRING_STATE = [
     last = tonumber(string.sub(saved, space + 1))
   end'''),
     ('''  call("HSET", key, "t", tokens, "l", fmt(now))
-  call("PEXPIRE", key, ttl_ms)''',
-     '''  call("SET", key, tokens .. " " .. fmt(now), "PX", ttl_ms)'''),
+  call("PEXPIRE", key, fmt(ttl_ms))''',
+     '''  call("SET", key, tokens .. " " .. fmt(now), "PX", fmt(ttl_ms))'''),
 ]
 STRING_STATE_CASES = ("fixed_window", "token_bucket", "three limits (bucket + day + hour)")
 

@@ -5,8 +5,8 @@ local CONCURRENCY_RETRY_HINT = 1000000
 local function concurrency_commit(key, now, ttl_ms, period, nonempty)
   -- Ended leases go; an empty set (every slot given back: the common case) has none.
   if nonempty then call("ZREMRANGEBYSCORE", key, "-inf", fmt(now)) end
-  call("ZADD", key, now + period, LEASE)
-  call("PEXPIRE", key, ttl_ms)
+  call("ZADD", key, fmt(now + period), LEASE)
+  call("PEXPIRE", key, fmt(ttl_ms))
 end
 
 ALGORITHMS.concurrency = function(key, now, amount, period, capacity, cost)

@@ -4,7 +4,7 @@ local function fw_commit(key, now, ttl_ms, start, used, opened)
   if opened then
     call("HSET", key, "w", text(start), "c", text(used))
     -- The key lives to the end of its window: set once, when the window opens.
-    call("PEXPIRE", key, ttl_ms)
+    call("PEXPIRE", key, fmt(ttl_ms))
   else
     call("HSET", key, "c", text(used))
   end

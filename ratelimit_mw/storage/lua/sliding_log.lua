@@ -2,7 +2,7 @@
 -- State: sorted set, one member per admitted unit, scored by its timestamp.
 local function sl_commit(key, now, ttl_ms, period, cost, count, nonempty)
   -- Units that left the window go (an empty set has none); the `count` in it stay.
-  if nonempty then call("ZREMRANGEBYSCORE", key, "-inf", now - period) end
+  if nonempty then call("ZREMRANGEBYSCORE", key, "-inf", fmt(now - period)) end
   local score = fmt(now)
   if cost == 1 then  -- one member (the common case): no table to unpack
     call("ZADD", key, score, score .. ":" .. text(count + 1))
@@ -18,7 +18,7 @@ local function sl_commit(key, now, ttl_ms, period, cost, count, nonempty)
       call("ZADD", key, unpack(args))
     end
   end
-  call("PEXPIRE", key, ttl_ms)
+  call("PEXPIRE", key, fmt(ttl_ms))
 end
 
 -- The newest unit's time, or nil for an empty set. Every member is named "<its score>:..."

@@ -55,7 +55,7 @@ local function swc_commit(key, now, ttl_ms, start, current, previous, opened)
   if opened then
     call("HSET", key, "w", text(start), "c", text(current), "p", text(previous))
     -- The key lives to the end of the window after this one: set once per window.
-    call("PEXPIRE", key, ttl_ms)
+    call("PEXPIRE", key, fmt(ttl_ms))
   else
     call("HSET", key, "c", text(current))
   end

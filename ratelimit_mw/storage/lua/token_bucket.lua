@@ -22,7 +22,7 @@ local function tb_commit(key, now, ttl_ms, left)
   -- Whole tokens (a full bucket less the cost: often the same) print alike either way.
   local tokens = left % 1 == 0 and text(left) or format("%.17g", left)
   call("HSET", key, "t", tokens, "l", fmt(now))
-  call("PEXPIRE", key, ttl_ms)
+  call("PEXPIRE", key, fmt(ttl_ms))
 end
 
 ALGORITHMS.token_bucket = function(key, now, amount, period, capacity, cost)

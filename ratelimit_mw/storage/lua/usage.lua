@@ -31,10 +31,10 @@ local function count_usage(series, units, now, hours, days)
   local hour_key, day_key = series .. "h:" .. text(hour), series .. "d:" .. text(day)
   -- A bucket's end of life is fixed when it is created: set it then, not per request.
   if call("INCRBY", hour_key, units) == added then
-    call("PEXPIRE", hour_key, ceil(((hour + hours) * HOUR_US - now) / 1000))
+    call("PEXPIRE", hour_key, fmt(ceil(((hour + hours) * HOUR_US - now) / 1000)))
   end
   if call("INCRBY", day_key, units) == added then
-    call("PEXPIRE", day_key, ceil(((day + days) * DAY_US - now) / 1000))
+    call("PEXPIRE", day_key, fmt(ceil(((day + days) * DAY_US - now) / 1000)))
   end
 end
 
