@@ -17,7 +17,7 @@ end
 
 local function gcra_commit(key, now, ttl_ms, ahead, per_us)
   call("SET", key, fmt(now + idiv(ahead, per_us)) .. "." .. text(imod(ahead, per_us)),
-    "PX", ttl_ms)
+    "PX", fmt(ttl_ms))
 end
 
 -- With delay (microseconds: a shaped limit's longest wait), a request that fits within

@@ -12,9 +12,9 @@ local renewed = 0
 for i, key in ipairs(KEYS) do
   local expires = call("ZSCORE", key, ARGV[2 + i])
   if expires and tonumber(expires) > now then
-    call("ZADD", key, "XX", format("%d", now + period), ARGV[2 + i])
+    call("ZADD", key, "XX", fmt(now + period), ARGV[2 + i])
     if call("PTTL", key) < ttl_ms then
-      call("PEXPIRE", key, ttl_ms)
+      call("PEXPIRE", key, fmt(ttl_ms))
     end
     renewed = renewed + 1
   end

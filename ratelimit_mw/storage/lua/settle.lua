@@ -13,7 +13,7 @@ local SETTLE = {}
 -- The key lives at least until `ends` (a time): a debt outlives the reservation.
 local function keep_until(key, now, ends)
   local ttl = ceil((ends - now) / 1000) + SETTLE_SLACK_MS
-  if call("PTTL", key) < ttl then call("PEXPIRE", key, ttl) end
+  if call("PTTL", key) < ttl then call("PEXPIRE", key, fmt(ttl)) end
 end
 
 local function fw_settle(key, now, start, finish, delta)
@@ -128,7 +128,7 @@ SETTLE.gcra = function(key, now, at, amount, period, capacity, delta)
   else
     local us = now + idiv(ahead, per_us)
     call("SET", key, fmt(us) .. "." .. fmt(imod(ahead, per_us)),
-      "PX", ceil((us - now) / 1000) + SETTLE_SLACK_MS)
+      "PX", fmt(ceil((us - now) / 1000) + SETTLE_SLACK_MS))
   end
   return true
 end
