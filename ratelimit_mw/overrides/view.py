@@ -210,8 +210,11 @@ class Overrides:
             self._start()
 
     async def _follow(self) -> None:
-        store = self.store
-        while True:
+        # The loop also ends by itself once close() has let go of its task: redis-py's
+        # pub/sub can swallow a cancellation that lands as its read times out, and a
+        # follower that missed its cancel would otherwise go on for good.
+        store, me = self.store, asyncio.current_task()
+        while self._task is me:
             subscriber = store.subscriber()
             try:
                 async with asyncio.timeout(_CALL_TIMEOUT):
@@ -221,7 +224,7 @@ class Overrides:
                 if self._failing:
                     self._failing = False
                     _log.warning("ratelimit_mw: the override store answers again")
-                while True:
+                while self._task is me:
                     if subscriber is None:
                         await asyncio.sleep(self.refresh_interval)
                     async with asyncio.timeout(self.refresh_interval + _CALL_TIMEOUT):
@@ -236,6 +239,8 @@ class Overrides:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a storage or connection error: keep the view
+                if self._task is not me:
+                    return
                 if not self._failing:
                     self._failing = True
                     _log.warning("ratelimit_mw: can't follow the override store (%s: %s); "
@@ -246,7 +251,8 @@ class Overrides:
                     with contextlib.suppress(Exception):
                         async with asyncio.timeout(_CALL_TIMEOUT):
                             await subscriber.aclose()
-            await asyncio.sleep(self.refresh_interval)
+            if self._task is me:
+                await asyncio.sleep(self.refresh_interval)
 
     async def _told(self, data: object) -> None:
         """Act on an announcement: counters reset, or overrides changed."""
@@ -270,8 +276,8 @@ class Overrides:
         """Stop following the store and close it."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            await asyncio.wait({task}, timeout=_CALL_TIMEOUT)
+            task.cancel()  # a follower that misses it still stops by its next read's end
+            await asyncio.wait({task}, timeout=self.refresh_interval + _CALL_TIMEOUT)
         with contextlib.suppress(StorageError, TimeoutError):
             async with asyncio.timeout(_CALL_TIMEOUT):
                 await self.store.close()

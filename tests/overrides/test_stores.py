@@ -4,6 +4,7 @@ second (pub/sub on Redis and Sentinel, the version poll on Cluster)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 
@@ -11,7 +12,7 @@ import pytest
 
 from ratelimit_mw.errors import StorageError
 from ratelimit_mw.overrides import Override, Overrides, caller_key
-from ratelimit_mw.overrides.store import MemoryOverrideStore, RedisOverrideStore
+from ratelimit_mw.overrides.store import MemoryOverrideStore, OverrideStore, RedisOverrideStore
 
 
 @pytest.fixture(params=["redis", "cluster", "sentinel"])
@@ -63,3 +64,59 @@ async def test_the_view_keeps_its_overrides_while_the_store_fails() -> None:
     with pytest.raises(StorageError, match="down"):
         await view.refresh()
     assert view.find(key) is not None
+
+
+class _DeafSubscriber:
+    """A pub/sub whose read swallows a cancellation, as redis-py's can when the cancel
+    lands as its read times out."""
+
+    def __init__(self, closed: list[bool]) -> None:
+        self.closed = closed
+
+    async def subscribe(self, channel: str) -> None:
+        pass
+
+    async def get_message(self, *, ignore_subscribe_messages: bool, timeout: float) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(timeout)
+
+    async def aclose(self) -> None:
+        self.closed.append(True)
+
+
+class _DeafStore(OverrideStore):
+    channel = "changes"
+
+    def __init__(self) -> None:
+        self.closed: list[bool] = []
+
+    async def load(self) -> tuple[int, list[Override]]:
+        return 1, []
+
+    async def version(self) -> int:
+        return 1
+
+    async def set(self, override: Override) -> Override | None:
+        return None
+
+    async def delete(self, caller: str) -> Override | None:
+        return None
+
+    def subscriber(self) -> _DeafSubscriber:
+        return _DeafSubscriber(self.closed)
+
+
+async def test_a_follower_that_misses_its_cancel_still_stops() -> None:
+    """close() ends the follower even when its read swallows the cancellation: it stops
+    by the end of that read and closes its subscriber, instead of following for good."""
+    store = _DeafStore()
+    view = Overrides(store, refresh_interval=0.2)
+    await view.start()
+    task = view._task
+    assert task is not None
+    await asyncio.sleep(0.05)  # the follower is in its read
+    start = time.monotonic()
+    await view.close()
+    assert task.done() and not task.cancelled()  # it ended by itself, cancel swallowed
+    assert time.monotonic() - start < 0.2 + 0.1
+    assert store.closed == [True]
