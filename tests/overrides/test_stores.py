@@ -118,5 +118,5 @@ async def test_a_follower_that_misses_its_cancel_still_stops() -> None:
     start = time.monotonic()
     await view.close()
     assert task.done() and not task.cancelled()  # it ended by itself, cancel swallowed
-    assert time.monotonic() - start < 0.2 + 0.1
+    assert time.monotonic() - start < 2.0  # by its read's end, not close()'s 5.2 s wait
     assert store.closed == [True]
