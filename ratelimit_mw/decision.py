@@ -3,20 +3,64 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Final, NamedTuple
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar, Final, NamedTuple, TypeVar
 
 from .hits import Hit
 from .limits import Limit
 
 __all__ = ["NEVER", "Adjustment", "Decision", "Hold", "Lease", "Verdict", "binding_of",
-           "decision_from", "new_lease", "new_verdict"]
+           "decision_from"]
 
 NEVER: Final = math.inf
 """``retry_after`` of a request whose cost is larger than the limit can ever admit."""
 
 
-class Decision(NamedTuple):
+R = TypeVar("R", bound="Record")
+
+
+class Record:
+    """A value of named fields that reads like the named tuple it replaces: unpacked,
+    indexed, compared and hashed by its fields, with ``_fields``, ``_asdict`` and
+    ``_replace``. A class of its own, not a tuple: compiled, one is made with its
+    fields set in place, where a tuple subclass is copied through ``tuple.__new__``."""
+
+    __slots__ = ()
+    _fields: ClassVar[tuple[str, ...]] = ()
+
+    def _values(self) -> tuple[object, ...]:
+        return tuple([getattr(self, name) for name in self._fields])
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._values())
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+    def __getitem__(self, index: int) -> Any:
+        return self._values()[index]
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is type(self):
+            assert isinstance(other, Record)
+            return self._values() == other._values()
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        fields = ", ".join([f"{name}={value!r}" for name, value in self._asdict().items()])
+        return f"{type(self).__name__}({fields})"
+
+    def _asdict(self) -> dict[str, Any]:
+        return dict(zip(self._fields, self._values(), strict=True))
+
+    def _replace(self: R, **changes: Any) -> R:
+        return type(self)(**{**self._asdict(), **changes})
+
+
+class Decision(Record):
     """One limit's answer for one request.
 
     ``reset_after``: seconds until the quota is fully back. ``retry_after``: seconds
@@ -25,13 +69,19 @@ class Decision(NamedTuple):
     absent other traffic.
     """
 
-    allowed: bool
-    quota: int
-    remaining: int
-    reset_after: float
-    retry_after: float
-    limit: Limit
-    scope: str = ""
+    __slots__ = ("allowed", "limit", "quota", "remaining", "reset_after", "retry_after",
+                 "scope")
+    _fields = ("allowed", "quota", "remaining", "reset_after", "retry_after", "limit", "scope")
+
+    def __init__(self, allowed: bool, quota: int, remaining: int, reset_after: float,
+                 retry_after: float, limit: Limit, scope: str = "") -> None:
+        self.allowed: Final = allowed
+        self.quota: Final = quota
+        self.remaining: Final = remaining
+        self.reset_after: Final = reset_after
+        self.retry_after: Final = retry_after
+        self.limit: Final = limit
+        self.scope: Final = scope
 
     @property
     def never(self) -> bool:
@@ -44,13 +94,17 @@ class Decision(NamedTuple):
                 f"reset in {self.reset_after:g}s, retry in {self.retry_after:g}s")
 
 
-class Lease(NamedTuple):
+class Lease(Record):
     """A concurrency slot held by an admitted request; give it back with ``release``."""
 
-    key: str
-    scope: str
-    uid: str
-    id: str
+    __slots__ = ("id", "key", "scope", "uid")
+    _fields = ("key", "scope", "uid", "id")
+
+    def __init__(self, key: str, scope: str, uid: str, id: str) -> None:
+        self.key: Final = key
+        self.scope: Final = scope
+        self.uid: Final = uid
+        self.id: Final = id
 
 
 class Adjustment(NamedTuple):
@@ -70,7 +124,7 @@ concurrency slot back (its ``Lease``), or settle a reserved charge (an ``Adjustm
 which also gives back a shaped request's turn: docs/internals.md, "Holds")."""
 
 
-class Verdict(NamedTuple):
+class Verdict(Record):
     """All the limits of one request, decided together: admitted only if all admit.
 
     ``leases`` holds the concurrency slots the request took (empty when denied);
@@ -78,10 +132,15 @@ class Verdict(NamedTuple):
     Redis server's, so that epoch times built on it agree across app servers.
     """
 
-    allowed: bool
-    decisions: tuple[Decision, ...]
-    leases: tuple[Lease, ...] = ()
-    at: float | None = None
+    __slots__ = ("allowed", "at", "decisions", "leases")
+    _fields = ("allowed", "decisions", "leases", "at")
+
+    def __init__(self, allowed: bool, decisions: tuple[Decision, ...],
+                 leases: tuple[Lease, ...] = (), at: float | None = None) -> None:
+        self.allowed: Final = allowed
+        self.decisions: Final = decisions
+        self.leases: Final = leases
+        self.at: Final = at
 
     @property
     def retry_after(self) -> float:
@@ -123,38 +182,11 @@ def binding_of(decisions: Sequence[Decision], allowed: bool) -> Decision:
     return best
 
 
-# tuple.__new__ skips a named tuple's interpreted __new__; these run per request. Final
-# names are C statics when compiled, where the classes would be looked up per call.
-_new: Final = tuple.__new__
-_DECISION: Final = Decision
-_VERDICT: Final = Verdict
-_LEASE: Final = Lease
-
-
-def new_verdict(allowed: bool, decisions: tuple[Decision, ...], leases: tuple[Lease, ...],
-                at: float | None) -> Verdict:
-    """``Verdict(allowed, decisions, leases, at)``, made as cheaply as a tuple is."""
-    verdict: Verdict = _new(_VERDICT, (allowed, decisions, leases, at))
-    return verdict
-
-
-def new_lease(key: str, scope: str, uid: str, lease_id: str) -> Lease:
-    """``Lease(key, scope, uid, lease_id)``, made as cheaply as a tuple is."""
-    lease: Lease = _new(_LEASE, (key, scope, uid, lease_id))
-    return lease
-
-
 def decision_from(
     hit: Hit, allowed: bool, remaining: int, reset_us: int, retry_us: int,
 ) -> Decision:
     """Build a public decision from an algorithm step in microseconds (-1 retry: never)."""
     limit = hit.limit
-    return _new(_DECISION, (
-        allowed,
-        limit.capacity,
-        remaining if remaining > 0 else 0,
-        reset_us / 1_000_000,
-        retry_us / 1_000_000 if retry_us >= 0 else NEVER,
-        limit,
-        hit.scope,
-    ))
+    return Decision(allowed, limit.capacity, remaining if remaining > 0 else 0,
+                    reset_us / 1_000_000, retry_us / 1_000_000 if retry_us >= 0 else NEVER,
+                    limit, hit.scope)

@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Final
 from mypy_extensions import mypyc_attr
 
 from ..algorithms.concurrency import renewed, with_lease, without_lease
-from ..decision import Adjustment, Hold, Lease, Verdict, decision_from, new_lease, new_verdict
+from ..decision import Adjustment, Hold, Lease, Verdict, decision_from
 from ..errors import ConfigError
 from ..hits import Hit, Slot, merge_hits
 from ..limits import run, settle
@@ -174,7 +174,7 @@ class MemoryStorage(Storage):
                 if steps[k][0] and hit.cost:
                     i = spots[k]
                     steps[k] = run(hit.limit, cell_state(kept, i, now), now, 0)
-        return new_verdict(allowed, tuple([
+        return Verdict(allowed, tuple([
             decision_from(hit, step[0], step[1], step[2], step[3])
             for hit, step in zip(hits, steps)]), leases, now / 1_000_000)  # noqa: B905
 
@@ -197,7 +197,7 @@ class MemoryStorage(Storage):
                 if lease is not None:
                     leases = (lease,)
             self._store(key, entry, kept, usage, now, (hit,))
-        return new_verdict(allowed, (decision_from(hit, allowed, remaining, reset, retry),),
+        return Verdict(allowed, (decision_from(hit, allowed, remaining, reset, retry),),
                            leases, now / 1_000_000)
 
     settles: ClassVar[bool] = True
@@ -256,7 +256,7 @@ class MemoryStorage(Storage):
         limit = hit.limit
         if not limit.is_concurrency:
             return state, None
-        lease = new_lease(key, hit.scope, limit.uid, str(next(self._leases)))
+        lease = Lease(key, hit.scope, limit.uid, str(next(self._leases)))
         return with_lease(state, now, limit.period_us, lease.id), lease
 
     def _store(self, key: str, old: Entry | None, entry: Entry, usage: int, now: int,

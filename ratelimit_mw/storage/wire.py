@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, Final, NamedTuple
 
-from ..decision import Adjustment, Verdict, decision_from, new_lease, new_verdict
+from ..decision import Adjustment, Lease, Verdict, decision_from
 from ..hits import Hit, Slot, spends
 from ..limits import Limit
 from .keys import counter_suffix
@@ -196,6 +196,6 @@ def verdict_from(key: str, hits: Sequence[Hit], lease_id: str, slots: tuple[Slot
     if i != len(values):
         raise ValueError(len(values))
     allowed = values[0] != 0
-    leases = tuple([new_lease(key, scope, uid, lease_id) for scope, uid in slots]
+    leases = tuple([Lease(key, scope, uid, lease_id) for scope, uid in slots]
                    ) if allowed and lease_id else ()
-    return new_verdict(allowed, tuple(decisions), leases, values[1] / 1_000_000)
+    return Verdict(allowed, tuple(decisions), leases, values[1] / 1_000_000)
