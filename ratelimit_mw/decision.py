@@ -59,6 +59,10 @@ class Record:
     def _replace(self: R, **changes: Any) -> R:
         return type(self)(**{**self._asdict(), **changes})
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Compiled, the class has no instance dict for pickle and copy to fill in.
+        return (type(self), self._values())
+
 
 class Decision(Record):
     """One limit's answer for one request.

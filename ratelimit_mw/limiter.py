@@ -298,13 +298,17 @@ class Limiter:
         """
         if seen is None:
             seen = verdict
-        headers: list[Header] = []
-        if verdict is not None:
+        headers: list[Header]
+        if verdict is None:
+            headers = []
+        else:
             if verdict.at is not None:
                 # Epoch times (X-RateLimit-Reset, reset_at) on the storage's clock: with
                 # Redis, the server's, so app servers with skewed clocks report the same.
                 now = verdict.at
-            if self._format:
+            if not self._format:
+                headers = []
+            else:  # the list the format makes is the only one made
                 headers = self._format.dynamic(verdict, limit_set.names, now, key,
                                                limit_set.metered)
                 if limit_set.static_headers:

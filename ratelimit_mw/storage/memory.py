@@ -132,7 +132,10 @@ class MemoryStorage(Storage):
                 if not hit.cost:
                     continue
                 step = steps[k]
-                state, lease = self._leased(key, hit, step[4], now)
+                state = step[4]
+                lease: Lease | None = None
+                if hit.limit.is_concurrency:
+                    state, lease = self._leased(key, hit, state, now)
                 ends: Any = now + step[2]  # boxed once (see with_cell)
                 if hit.limit.windowed:
                     state, ends = self._shared(hit.slot, state, ends)
@@ -189,7 +192,9 @@ class MemoryStorage(Storage):
         leases: tuple[Lease, ...] = ()
         if allowed and (hit.cost or usage):
             if hit.cost:
-                state, lease = self._leased(key, hit, state, now)
+                lease: Lease | None = None
+                if hit.limit.is_concurrency:
+                    state, lease = self._leased(key, hit, state, now)
                 ends: Any = now + reset
                 if hit.limit.windowed:
                     state, ends = self._shared(slot, state, ends)
@@ -250,12 +255,9 @@ class MemoryStorage(Storage):
             return (last[1], state[1], state[2]), ends
         return (last[1], *state[1:]), ends
 
-    def _leased(self, key: str, hit: Hit, state: Any, now: int) -> tuple[Any, Lease | None]:
-        """An admitted hit's state as kept, and the slot it took (for a concurrency
-        limit; else None)."""
+    def _leased(self, key: str, hit: Hit, state: Any, now: int) -> tuple[Any, Lease]:
+        """An admitted concurrency hit's state as kept, and the slot it took."""
         limit = hit.limit
-        if not limit.is_concurrency:
-            return state, None
         lease = Lease(key, hit.scope, limit.uid, str(next(self._leases)))
         return with_lease(state, now, limit.period_us, lease.id), lease
 
