@@ -236,7 +236,11 @@ class GuardedStorage:
         started = time.perf_counter() if metrics is not None else 0.0
         self.pending += 1
         try:
-            verdict = await self.storage.decide_within(self.timeout, key, hits, usage=usage)
+            # Without a keyword when it is 0 (most calls): a storage's compiled method
+            # parses keywords by name.
+            verdict = await (self.storage.decide_within(self.timeout, key, hits) if not usage
+                             else self.storage.decide_within(self.timeout, key, hits,
+                                                             usage=usage))
         except Exception as exc:
             # Any failure of the storage (StorageError, TimeoutError, a bug in a custom
             # storage) is the failure policy's business, never a 500.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 from ..decision import Adjustment, Lease, Verdict, decision_from
 from ..hits import Hit, Slot, spends
@@ -47,23 +47,28 @@ _PREFIXES: Final = [b"$%d\r\n" % size for size in range(_SHORT)]
 _EMPTY: Final = b"$0\r\n\r\n"  # an empty bulk string: no test clock, lease or usage
 
 
-class PackedHits(NamedTuple):
+class PackedHits:
     """The ``FCALL`` of one list of hits, but for the identity's keys and the first
-    arguments."""
+    arguments. A plain class, not a named tuple: compiled, ``command`` is then called
+    directly, not bound and called through Python's protocol (about 270 instructions)."""
 
-    head: bytes
-    """Argument count, ``FCALL``, the function's name and the number of keys."""
-    keys: tuple[bytes, ...]
-    """Each key's end, after the identity's tag."""
-    tail: bytes
-    """One argument per hit: ``algorithm amount period capacity cost``."""
-    slots: tuple[Slot, ...]
-    """``(scope, uid)`` of each hit that takes a concurrency slot."""
-    packed_keys: dict[bytes, bytes]
-    """The keys packed for each recent identity tag (an identity comes again)."""
-    spends: bytes = b""
-    """What the hits spend of other units, as decide.lua's usage argument ends
-    (``;tokens=256``)."""
+    __slots__ = ("head", "keys", "packed_keys", "slots", "spends", "tail")
+
+    def __init__(self, head: bytes, keys: tuple[bytes, ...], tail: bytes,
+                 slots: tuple[Slot, ...], spends: bytes = b"") -> None:
+        self.head: Final = head
+        """Argument count, ``FCALL``, the function's name and the number of keys."""
+        self.keys: Final = keys
+        """Each key's end, after the identity's tag."""
+        self.tail: Final = tail
+        """One argument per hit: ``algorithm amount period capacity cost``."""
+        self.slots: Final = slots
+        """``(scope, uid)`` of each hit that takes a concurrency slot."""
+        self.packed_keys: Final[dict[bytes, bytes]] = {}
+        """The keys packed for each recent identity tag (an identity comes again)."""
+        self.spends: Final = spends
+        """What the hits spend of other units, as decide.lua's usage argument ends
+        (``;tokens=256``)."""
 
     def command(self, tag: bytes, clock: bytes, lease: bytes, usage: bytes) -> bytes:
         """The whole command for one identity (see decide.lua for the arguments)."""
@@ -95,7 +100,7 @@ def pack_hits(function: str, hits: tuple[Hit, ...], usage: bool) -> PackedHits:
     count = 3 + len(keys) + 3 + len(hits)
     head = b"*%d\r\n%b%b%b" % (count, bulk(b"FCALL"), bulk(function.encode()),
                               bulk(b"%d" % len(keys)))
-    return PackedHits(head, tuple(keys), tail, slots_taken(hits), {},
+    return PackedHits(head, tuple(keys), tail, slots_taken(hits),
                       spends_arg(hits).encode() if usage else b"")
 
 
