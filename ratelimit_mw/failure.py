@@ -204,7 +204,11 @@ class GuardedStorage:
         metrics but not timed; None to await ``decide``."""
         if not self._decides_now:
             return None
-        verdict = self.storage.decide_now(key, hits, usage)
+        storage = self.storage
+        # The memory storage named: compiled, called directly rather than through
+        # Python's protocol (about 250 instructions a request).
+        verdict = (MemoryStorage.decide_now(storage, key, hits, usage)
+                   if type(storage) is MemoryStorage else storage.decide_now(key, hits, usage))
         metrics = self.metrics
         if metrics is not None and verdict is not None:
             metrics.storage_call_in_place()

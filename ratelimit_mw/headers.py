@@ -197,6 +197,8 @@ class HeaderFormat:
             out = [limit, (b"x-ratelimit-remaining", b"%d" % binding.remaining), reset[1],
                    policy]
         ietf = self.ietf
+        if ietf is None:  # the legacy headers alone
+            return out
         if ietf == "draft-11":
             out.append((b"ratelimit", _draft11(
                 decisions, names, partition_key(key) if self.partition_key else "")))

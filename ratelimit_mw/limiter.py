@@ -207,7 +207,9 @@ class Limiter:
             verdict = with_shadowed(
                 limit_set, verdict, guarded.decide_now(key, limit_set.enforced, usage))
         seen = verdict
-        verdict, refused = self._as_reported(limit_set, verdict)
+        refused = False
+        if not verdict.allowed:  # an admitted verdict is reported as it is
+            verdict, refused = self._as_reported(limit_set, verdict)
         now = verdict.at if verdict.at is not None else self.clock()
         return self._finish(key, limit_set, verdict, "storage", refused, now, seen=seen)
 
@@ -237,7 +239,9 @@ class Limiter:
                 return self._finish(key, limit_set, None, source, True, now)
             verdict = with_shadowed(limit_set, verdict, enforced)
         seen = verdict  # for the metrics hook, shadow denials included
-        verdict, refused = self._as_reported(limit_set, verdict)
+        refused = False
+        if not verdict.allowed:  # an admitted verdict is reported as it is
+            verdict, refused = self._as_reported(limit_set, verdict)
         # Only the shared storage's denials are kept: a fallback's are local guesses.
         if refused and self._blocked.size and source == "storage":
             # From the clock after the answer: the wait began at most then, and a
