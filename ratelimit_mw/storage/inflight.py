@@ -9,7 +9,7 @@ import logging
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import hiredis
 from redis import exceptions as redis_errors
@@ -18,12 +18,9 @@ from redis.asyncio.connection import AbstractConnection
 from ..hits import Slot
 from .functions import function_missing, server_lacks_functions, too_old
 
-if TYPE_CHECKING:  # pipe.py imports this module; compiled, a Pipeline is called directly
-    from .pipe import Pipeline
-
 logger = logging.getLogger("ratelimit_mw")
 
-__all__ = ["DECIDE", "RELEASE", "SETTLE", "Batch", "Kind", "Pipe", "Queued",
+__all__ = ["DECIDE", "RELEASE", "SETTLE", "Batch", "Kind", "Owner", "Pipe", "Queued",
            "Reported", "TakenSlots", "fail", "forget", "live", "mark_seen"]
 
 
@@ -152,6 +149,24 @@ class Batch:
             self.done = True
 
 
+class Owner:
+    """What a pipe hands its replies and its loss to: the pipeline. A base class, not a
+    Protocol: compiled, a pipe calls its owner's methods directly."""
+
+    __slots__ = ("scripts",)
+
+    def __init__(self, scripts: tuple[bytes, ...]) -> None:
+        self.scripts = scripts
+        """The ``FUNCTION LOAD`` and ``SCRIPT LOAD`` commands sent again on NOSCRIPT (or
+        a missing function)."""
+
+    def answer(self, entry: Queued, reply: Any, failed: bool) -> None:
+        raise NotImplementedError
+
+    def lost(self, pipe: Pipe, exc: Exception) -> None:
+        raise NotImplementedError
+
+
 _NO_REPLY: Final = object()  # what the reader gives while a reply is incomplete (RESP3 has
 # false); Final, as the two below: compiled, a C static rather than a look-up per reply
 _PUSH: Final = hiredis.PushNotification
@@ -165,7 +180,7 @@ class Pipe:
     __slots__ = ("_owner", "_reader", "closed", "connection", "gone", "load_error", "loading",
                  "transport", "waiting")
 
-    def __init__(self, owner: Pipeline, connection: AbstractConnection,
+    def __init__(self, owner: Owner, connection: AbstractConnection,
                  transport: asyncio.WriteTransport) -> None:
         self._owner = owner
         self.connection = connection

@@ -27,14 +27,14 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 
-from .inflight import Batch, Kind, Pipe, Queued, Reported, TakenSlots, fail, forget, live
+from .inflight import Batch, Kind, Owner, Pipe, Queued, Reported, TakenSlots, fail, forget, live
 
 __all__ = ["Kind", "Pipeline", "Queued", "Reported", "TakenSlots"]
 
 _MOST_DOUBTFUL = 10_000  # slots kept to give back after a lost connection; more lapse
 
 
-class Pipeline:
+class Pipeline(Owner):
     """Queues packed commands and writes each tick's batch on the shared connection.
 
     ``abandon`` receives the slots of an admitted decision whose caller stopped waiting
@@ -44,12 +44,12 @@ class Pipeline:
     """
 
     __slots__ = ("_abandon", "_client", "_connecting", "_cut", "_doubtful", "_held",
-                 "_inflight", "_loop", "_pending", "_pipe", "_watch", "_watch_at", "scripts")
+                 "_inflight", "_loop", "_pending", "_pipe", "_watch", "_watch_at")
 
     def __init__(self, client: Redis, scripts: tuple[bytes, ...],
                  abandon: Callable[[TakenSlots], None]) -> None:
         self._client = client
-        self.scripts = scripts
+        super().__init__(scripts)
         self._abandon = abandon
         self._pending: list[Queued] = []  # queued in this tick, written at its end
         self._held: list[tuple[Batch, list[Queued]]] = []  # flushed while connecting
