@@ -250,9 +250,9 @@ class Limiter:
         return self._finish(key, limit_set, verdict, source, refused, now, seen=seen)
 
     def _as_reported(self, limit_set: LimitSet, verdict: Verdict) -> tuple[Verdict, bool]:
-        """The verdict as the client is told it, and whether the request is refused (a
-        real denial reports only what the enforced limits say)."""
-        refused = not verdict.allowed and not self._shadow
+        """A denied verdict as the client is told it, and whether the request is refused
+        (not in shadow mode; a real denial reports only what the enforced limits say)."""
+        refused = not self._shadow
         if refused and limit_set.shadow:
             return enforced_denial(limit_set, verdict), True
         return verdict, refused
